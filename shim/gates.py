@@ -1,0 +1,252 @@
+"""Feature gates for in-tree -> CSI migration, parsed like Kubernetes' `--feature-gates` flag.
+
+Contract:
+- `FeatureGates` is immutable; `with_overrides` returns a new object (later settings win).
+- Only the gates in `GATES` exist; an unknown name or a value that is not a Go boolean raises
+  `FeatureGateError` naming the offending entry.
+- Ballast's defaults are all off (opt-in); nothing is locked in Ballast. `GATES` also records how each
+  gate ended up in Kubernetes (stage, whether it was locked to true), for documentation only.
+- Migration of a plugin is *enabled* when `CSIMigration` and the plugin's `CSIMigration<X>` gate are on,
+  and *complete* when, in addition, its `InTreePlugin<X>Unregister` gate is on.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Literal
+
+UMBRELLA_GATE = "CSIMigration"
+
+GateRole = Literal["umbrella", "migration", "unregister"]
+
+
+class FeatureGateError(ValueError):
+    """A `--feature-gates` value, gate name or plugin name that cannot be accepted."""
+
+
+@dataclass(frozen=True)
+class GateSpec:
+    """One known gate: its Ballast default and, for the docs, its fate in Kubernetes."""
+
+    name: str
+    role: GateRole
+    plugin: str | None  # in-tree plugin name; None for the umbrella gate
+    default: bool  # Ballast's default (always False: migration is opt-in)
+    kubernetes_stage: Literal["GA", "alpha"]  # the last stage the gate reached in Kubernetes
+    kubernetes_locked: bool  # True when Kubernetes locked it to true (GA, cannot be turned off)
+    kubernetes_history: str
+
+
+@dataclass(frozen=True)
+class PluginGates:
+    """The two per-plugin gates of one in-tree plugin."""
+
+    plugin: str
+    migration: str
+    unregister: str
+
+
+def _plugin(plugin: str, suffix: str) -> PluginGates:
+    return PluginGates(plugin, f"CSIMigration{suffix}", f"InTreePlugin{suffix}Unregister")
+
+
+# In-tree plugin name -> its gates. Suffixes are Kubernetes' exact spellings (note "vSphere").
+PLUGIN_GATES: Mapping[str, PluginGates] = MappingProxyType(
+    {
+        p.plugin: p
+        for p in (
+            _plugin("kubernetes.io/aws-ebs", "AWS"),
+            _plugin("kubernetes.io/gce-pd", "GCE"),
+            _plugin("kubernetes.io/azure-disk", "AzureDisk"),
+            _plugin("kubernetes.io/azure-file", "AzureFile"),
+            _plugin("kubernetes.io/cinder", "OpenStack"),
+            _plugin("kubernetes.io/vsphere-volume", "vSphere"),
+            _plugin("kubernetes.io/portworx-volume", "Portworx"),
+        )
+    }
+)
+
+# How each migration gate ended in Kubernetes: (locked to true at GA, history).
+_MIGRATION_HISTORY: Mapping[str, tuple[bool, str]] = {
+    "CSIMigration": (True, "alpha 1.14, beta (on) 1.17, GA 1.25 locked to true; removed after 1.26"),
+    "CSIMigrationAWS": (True, "beta (on) 1.23, GA 1.25 locked to true; removed after 1.26"),
+    "CSIMigrationGCE": (True, "beta (on) 1.23, GA 1.25 locked to true; removed after 1.27"),
+    "CSIMigrationAzureDisk": (True, "beta (on) 1.23, GA 1.24 locked to true; removed after 1.26"),
+    "CSIMigrationAzureFile": (True, "beta (on) 1.24, GA 1.26 locked to true; removed after 1.29"),
+    "CSIMigrationOpenStack": (True, "beta (on) 1.18, GA 1.24 locked to true; removed after 1.25"),
+    "CSIMigrationvSphere": (
+        True,
+        "beta (on) 1.25, GA 1.26; unlocked during 1.27 until the vSphere driver caught up, "
+        "then locked to true again; removed after 1.28",
+    ),
+    "CSIMigrationPortworx": (True, "beta (on) 1.31, GA 1.33 locked to true; slated for removal in 1.36"),
+}
+
+
+def _build_specs() -> tuple[GateSpec, ...]:
+    specs = [
+        GateSpec(
+            UMBRELLA_GATE,
+            "umbrella",
+            None,
+            False,
+            "GA",
+            _MIGRATION_HISTORY[UMBRELLA_GATE][0],
+            _MIGRATION_HISTORY[UMBRELLA_GATE][1],
+        )
+    ]
+    for gates in PLUGIN_GATES.values():
+        locked, history = _MIGRATION_HISTORY[gates.migration]
+        specs.append(GateSpec(gates.migration, "migration", gates.plugin, False, "GA", locked, history))
+    for gates in PLUGIN_GATES.values():
+        history = (
+            "alpha (off) since 1.23; slated for removal together with CSIMigrationPortworx"
+            if gates.plugin == "kubernetes.io/portworx-volume"
+            else "alpha (off) 1.21-1.30; removed in 1.31"
+        )
+        specs.append(GateSpec(gates.unregister, "unregister", gates.plugin, False, "alpha", False, history))
+    return tuple(specs)
+
+
+GATES: tuple[GateSpec, ...] = _build_specs()
+GATES_BY_NAME: Mapping[str, GateSpec] = MappingProxyType({g.name: g for g in GATES})
+
+# Go's strconv.ParseBool, which Kubernetes uses for gate values.
+_TRUE = frozenset({"1", "t", "T", "true", "TRUE", "True"})
+_FALSE = frozenset({"0", "f", "F", "false", "FALSE", "False"})
+
+
+def parse_bool(value: str) -> bool:
+    """Go `strconv.ParseBool`; anything else raises FeatureGateError."""
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise FeatureGateError(f"invalid boolean {value!r} (use true or false)")
+
+
+def _check_name(name: str) -> None:
+    if name in GATES_BY_NAME:
+        return
+    message = f"unrecognized feature gate {name!r}"
+    close = difflib.get_close_matches(name, GATES_BY_NAME, n=1, cutoff=0.8)
+    if close:
+        message += f" (did you mean {close[0]!r}?)"
+    raise FeatureGateError(message)
+
+
+def parse_feature_gates(text: str) -> dict[str, bool]:
+    """Parse `A=true,B=false` into an ordered dict; later entries win, empty items are skipped.
+
+    Whitespace around items, names and values is ignored. Raises FeatureGateError for an item
+    without `=`, an unknown gate or a non-boolean value, naming the item.
+    """
+    result: dict[str, bool] = {}
+    for raw in text.split(","):
+        item = raw.strip()
+        if not item:
+            continue
+        name, sep, value = item.partition("=")
+        name, value = name.strip(), value.strip()
+        if not sep or not name:
+            raise FeatureGateError(f"malformed feature gate {item!r}: expected Name=true or Name=false")
+        _check_name(name)
+        try:
+            result[name] = parse_bool(value)
+        except FeatureGateError as exc:
+            raise FeatureGateError(f"feature gate {name}: {exc}") from None
+    return result
+
+
+class FeatureGates(Mapping[str, bool]):
+    """Effective gate values: Ballast defaults overlaid with explicit settings.
+
+    Acts as a read-only mapping of every known gate to its effective value.
+    """
+
+    __slots__ = ("_explicit",)
+
+    def __init__(self, overrides: Mapping[str, bool] | None = None) -> None:
+        explicit: dict[str, bool] = {}
+        for name, value in (overrides or {}).items():
+            _check_name(name)
+            if not isinstance(value, bool):
+                raise FeatureGateError(f"feature gate {name}: value must be a boolean, got {value!r}")
+            explicit[name] = value
+        self._explicit: Mapping[str, bool] = MappingProxyType(explicit)
+
+    @classmethod
+    def parse(cls, text: str) -> FeatureGates:
+        """Gates from a `--feature-gates` string (see `parse_feature_gates`); "" gives the defaults."""
+        return cls(parse_feature_gates(text))
+
+    def with_overrides(self, overrides: Mapping[str, bool] | str) -> FeatureGates:
+        """A new FeatureGates with `overrides` (a mapping or flag string) applied on top of this one."""
+        extra = parse_feature_gates(overrides) if isinstance(overrides, str) else dict(overrides)
+        return FeatureGates({**self._explicit, **extra})
+
+    @property
+    def explicit(self) -> Mapping[str, bool]:
+        """Only the gates that were set explicitly, in the order they were first set."""
+        return self._explicit
+
+    def enabled(self, name: str) -> bool:
+        """Effective value of gate `name`; an unknown name raises FeatureGateError."""
+        _check_name(name)
+        return self._explicit.get(name, GATES_BY_NAME[name].default)
+
+    def __getitem__(self, name: str) -> bool:
+        if name not in GATES_BY_NAME:
+            raise KeyError(name)
+        return self.enabled(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(GATES_BY_NAME)
+
+    def __len__(self) -> int:
+        return len(GATES_BY_NAME)
+
+    def is_migration_enabled(self, in_tree_plugin_name: str) -> bool:
+        """True when CSIMigration and the plugin's CSIMigration<X> gate are on.
+
+        A name that is not one of the seven migratable in-tree plugins gives False (as in Kubernetes).
+        """
+        gates = PLUGIN_GATES.get(in_tree_plugin_name)
+        if gates is None:
+            return False
+        return self.enabled(UMBRELLA_GATE) and self.enabled(gates.migration)
+
+    def is_plugin_unregistered(self, in_tree_plugin_name: str) -> bool:
+        """True when the plugin's InTreePlugin<X>Unregister gate is on (the legacy path is gone)."""
+        gates = PLUGIN_GATES.get(in_tree_plugin_name)
+        return gates is not None and self.enabled(gates.unregister)
+
+    def is_migration_complete(self, in_tree_plugin_name: str) -> bool:
+        """True when migration is enabled for the plugin and its Unregister gate is on too."""
+        return self.is_migration_enabled(in_tree_plugin_name) and self.is_plugin_unregistered(
+            in_tree_plugin_name
+        )
+
+    def __str__(self) -> str:
+        """The explicit settings in `--feature-gates` syntax; parsing it gives an equal object."""
+        return ",".join(f"{name}={'true' if value else 'false'}" for name, value in self._explicit.items())
+
+    def __repr__(self) -> str:
+        return f"FeatureGates.parse({str(self)!r})"
+
+    def __eq__(self, other: object) -> bool:
+        """Equal when every effective value is equal (explicitly setting a default changes nothing)."""
+        if not isinstance(other, FeatureGates):
+            return NotImplemented
+        return dict(self.items()) == dict(other.items())
+
+    def __hash__(self) -> int:
+        return hash(tuple(self.items()))
+
+
+def known_plugins() -> Iterable[str]:
+    """The seven in-tree plugin names that have migration gates."""
+    return PLUGIN_GATES.keys()
