@@ -1,0 +1,17 @@
+# Entry points; the README's two commands are `make demo` and `make test`.
+.PHONY: setup test demo proto lint
+
+setup:
+	scripts/setup
+
+test:
+	scripts/test
+
+demo: setup
+	.venv/bin/ballast-csi demo
+
+proto:
+	.venv/bin/python proto/generate.py
+
+lint: setup
+	.venv/bin/ruff check csi shim tests benchmarks && .venv/bin/mypy

@@ -1,0 +1,340 @@
+"""The cloud-provider interface every backend implements, its capability flags, domain values and errors.
+
+Backends take and return plain values and the dataclasses below; they never import grpc. Errors are
+raised as the BackendError subclasses here; csi/errors.py maps each class to one gRPC code.
+Every method documents its idempotency and not-found contract; implementations must honour both.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+GiB = 1024**3
+MiB = 1024**2
+
+
+# --------------------------------------------------------------------------- errors
+
+
+class BackendError(Exception):
+    """Base of all backend failures. The message is shown to the CO: make it actionable, never secret."""
+
+
+class NotFoundError(BackendError):
+    """The volume, snapshot or node does not exist."""
+
+
+class AlreadyExistsError(BackendError):
+    """An object with this name exists but was created with incompatible arguments."""
+
+
+class InvalidParameterError(BackendError):
+    """A parameter, id or value is malformed or unsupported by this backend."""
+
+
+class OutOfRangeError(BackendError):
+    """A size is outside what the backend allows (too big, too small, shrinking)."""
+
+
+class LimitExceededError(BackendError):
+    """A quota or per-node limit would be exceeded (e.g. max volumes per node)."""
+
+
+class OutOfCapacityError(BackendError):
+    """Not enough space, or no placement satisfies the topology requirements."""
+
+
+class FailedPreconditionError(BackendError):
+    """The object is in a state that forbids the operation (published elsewhere, has dependents)."""
+
+
+class TransientError(BackendError):
+    """A temporary failure (throttling, timeout, backend unreachable): the caller should retry."""
+
+
+class InvalidTokenError(BackendError):
+    """A paging token was not issued by this backend or is no longer valid."""
+
+
+# --------------------------------------------------------------------------- values
+
+
+class SourceKind(enum.Enum):
+    SNAPSHOT = "snapshot"
+    VOLUME = "volume"
+
+
+@dataclass(frozen=True)
+class ContentSource:
+    """What a new volume is populated from."""
+
+    kind: SourceKind
+    id: str
+
+
+@dataclass(frozen=True)
+class Condition:
+    """Health of a volume as the backend sees it."""
+
+    abnormal: bool = False
+    message: str = "volume is healthy"
+
+
+@dataclass(frozen=True)
+class Attachment:
+    """One node a volume is published to."""
+
+    node_id: str
+    readonly: bool = False
+    publish_context: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class DiskOptions:
+    """Everything create_volume needs besides the name.
+
+    `parameters` are backend parameters already validated by `Backend.validate_parameters`.
+    `requisite`/`preferred` are CSI topology segments; the backend places the disk in one that satisfies
+    requisite (if any), trying preferred first. `multi_node` asks for a disk attachable to several nodes.
+    """
+
+    size_bytes: int
+    parameters: Mapping[str, str] = field(default_factory=dict)
+    mutable_parameters: Mapping[str, str] = field(default_factory=dict)
+    requisite: Sequence[Mapping[str, str]] = ()
+    preferred: Sequence[Mapping[str, str]] = ()
+    source: ContentSource | None = None
+    multi_node: bool = False
+    block: bool = False
+
+
+@dataclass(frozen=True)
+class Disk:
+    """A volume as the backend reports it."""
+
+    id: str
+    name: str
+    size_bytes: int
+    topology: Mapping[str, str] = field(default_factory=dict)
+    parameters: Mapping[str, str] = field(default_factory=dict)
+    volume_context: Mapping[str, str] = field(default_factory=dict)
+    source: ContentSource | None = None
+    attachments: Sequence[Attachment] = ()
+    condition: Condition = field(default_factory=Condition)
+    multi_node: bool = False
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A point-in-time copy of one volume."""
+
+    id: str
+    name: str
+    source_volume_id: str
+    size_bytes: int
+    created_at: float  # seconds since the epoch
+    ready: bool = True
+    group_id: str = ""
+
+
+@dataclass(frozen=True)
+class GroupSnapshot:
+    """Snapshots of several volumes taken at one instant."""
+
+    id: str
+    name: str
+    snapshots: Sequence[Snapshot]
+    created_at: float
+    ready: bool = True
+
+
+@dataclass(frozen=True)
+class NodeIdentity:
+    """What NodeGetInfo reports for this host."""
+
+    node_id: str
+    max_volumes: int
+    topology: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Page(Generic[T]):
+    """One page of a listing; `next_token` is empty on the last page."""
+
+    items: Sequence[T]
+    next_token: str = ""
+
+
+@dataclass(frozen=True)
+class BackendCapabilities:
+    """What a backend can do. The advertised CSI capabilities are derived from this in one place
+    (csi/capabilities.py) and enforced at RPC entry."""
+
+    snapshots: bool = False
+    clone: bool = False
+    expand_online: bool = False
+    expand_offline: bool = False
+    attach_required: bool = True
+    block_multi_attach: bool = False
+    list_volumes: bool = True
+    list_snapshots: bool = True
+    get_capacity: bool = False
+    modify_volume: bool = False
+    group_snapshots: bool = False
+    volume_condition: bool = False
+    single_node_multi_writer: bool = False
+    topology_keys: tuple[str, ...] = ()
+    size_granularity: int = MiB
+    min_size: int = MiB
+    default_size: int = GiB
+    max_volumes_per_node: int = 0  # 0: no limit known
+
+
+# --------------------------------------------------------------------------- interface
+
+
+class Backend(abc.ABC):
+    """A cloud block-storage provider. Controller methods run in the controller, node methods on the node.
+
+    All ids are backend-generated strings; a malformed id raises NotFoundError (not a file/API operation).
+    """
+
+    capabilities: BackendCapabilities
+
+    # ---- lifecycle
+
+    def probe(self) -> bool:
+        """True when ready to serve, False while starting. Raises BackendError when broken."""
+        return True
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release clients, files and threads. Idempotent."""
+
+    # ---- parameters
+
+    @abc.abstractmethod
+    def validate_parameters(self, parameters: Mapping[str, str]) -> dict[str, str]:
+        """Normalise StorageClass parameters meant for this backend.
+
+        Unknown keys or bad values raise InvalidParameterError naming the key. Generic keys (fs type,
+        mkfs options, `csi.storage.k8s.io/` keys) are removed by the caller before this is called.
+        """
+
+    def validate_mutable_parameters(self, parameters: Mapping[str, str]) -> dict[str, str]:
+        """Normalise VolumeAttributesClass parameters; anything unsupported raises InvalidParameterError."""
+        if parameters:
+            raise InvalidParameterError(
+                f"this backend supports no mutable parameters, got: {', '.join(sorted(parameters))}"
+            )
+        return {}
+
+    # ---- volumes
+
+    @abc.abstractmethod
+    def create_volume(self, name: str, options: DiskOptions) -> Disk:
+        """Create a disk named `name`. Idempotent by name: same name and compatible options return the
+        existing disk; incompatible options raise AlreadyExistsError. A missing source raises NotFoundError;
+        a source larger than the requested size raises OutOfRangeError."""
+
+    @abc.abstractmethod
+    def delete_volume(self, volume_id: str) -> None:
+        """Delete a disk. Missing -> NotFoundError (callers treat it as done). Attached ->
+        FailedPreconditionError. Snapshots of it survive (they are independent copies)."""
+
+    @abc.abstractmethod
+    def get_volume(self, volume_id: str) -> Disk:
+        """Current state of one disk. Missing -> NotFoundError."""
+
+    @abc.abstractmethod
+    def list_volumes(self, max_entries: int = 0, starting_token: str = "") -> Page[Disk]:
+        """Disks in a stable order; `max_entries` 0 means all. Foreign token -> InvalidTokenError."""
+
+    @abc.abstractmethod
+    def expand_volume(self, volume_id: str, size_bytes: int) -> int:
+        """Grow a disk to at least `size_bytes`; returns the new size. Already that big -> current size
+        (idempotent). Shrinking -> OutOfRangeError. Missing -> NotFoundError."""
+
+    def modify_volume(self, volume_id: str, mutable_parameters: Mapping[str, str]) -> Disk:
+        """Apply validated mutable parameters all-or-nothing. Missing -> NotFoundError."""
+        raise InvalidParameterError("this backend cannot modify volumes")
+
+    def get_capacity(self, parameters: Mapping[str, str], topology: Mapping[str, str] | None) -> int:
+        """Bytes available for new disks with these parameters in this topology segment (0 if none)."""
+        raise InvalidParameterError("this backend does not report capacity")
+
+    # ---- attachment
+
+    @abc.abstractmethod
+    def attach(self, volume_id: str, node_id: str, readonly: bool) -> dict[str, str]:
+        """Publish a disk to a node and return the publish context the node needs to find it.
+
+        Idempotent: attached to this node with the same readonly flag -> same context; with a different
+        flag -> AlreadyExistsError. Attached to another node and not multi-node -> FailedPreconditionError
+        naming the node. Missing volume or unknown node -> NotFoundError. Node full -> LimitExceededError."""
+
+    @abc.abstractmethod
+    def detach(self, volume_id: str, node_id: str) -> None:
+        """Unpublish a disk from a node. Not attached there -> no-op. Missing volume -> NotFoundError."""
+
+    # ---- snapshots
+
+    def create_snapshot(self, name: str, source_volume_id: str, parameters: Mapping[str, str]) -> Snapshot:
+        """Idempotent by name: same name and source return the existing snapshot; another source ->
+        AlreadyExistsError. Missing source -> NotFoundError. No space -> OutOfCapacityError."""
+        raise InvalidParameterError("this backend does not support snapshots")
+
+    def delete_snapshot(self, snapshot_id: str) -> None:
+        """Missing -> NotFoundError (callers treat it as done). Member of a group -> InvalidParameterError."""
+        raise InvalidParameterError("this backend does not support snapshots")
+
+    def get_snapshot(self, snapshot_id: str) -> Snapshot:
+        """Missing -> NotFoundError."""
+        raise NotFoundError(f"snapshot {snapshot_id} not found")
+
+    def list_snapshots(
+        self,
+        *,
+        snapshot_id: str = "",
+        source_volume_id: str = "",
+        max_entries: int = 0,
+        starting_token: str = "",
+    ) -> Page[Snapshot]:
+        """Snapshots in a stable order, optionally filtered. Unknown id or source -> empty page."""
+        return Page(items=())
+
+    def create_group_snapshot(
+        self, name: str, volume_ids: Sequence[str], parameters: Mapping[str, str]
+    ) -> GroupSnapshot:
+        """All member snapshots taken at one instant. Idempotent by name (same members); different
+        members -> AlreadyExistsError. A missing volume -> NotFoundError."""
+        raise InvalidParameterError("this backend does not support group snapshots")
+
+    def delete_group_snapshot(self, group_id: str) -> None:
+        """Deletes the group and its member snapshots. Missing -> NotFoundError."""
+        raise InvalidParameterError("this backend does not support group snapshots")
+
+    def get_group_snapshot(self, group_id: str) -> GroupSnapshot:
+        """Missing -> NotFoundError."""
+        raise NotFoundError(f"group snapshot {group_id} not found")
+
+    # ---- node side
+
+    @abc.abstractmethod
+    def node_identity(self) -> NodeIdentity:
+        """This host's node id, volume limit and topology segment."""
+
+    @abc.abstractmethod
+    def resolve_device(self, volume_id: str, publish_context: Mapping[str, str]) -> str:
+        """Path of the block device holding `volume_id` on this host, verified to be that volume.
+
+        Idempotent (an already prepared device is reused). Missing volume -> NotFoundError. A device that
+        cannot be proven to be the volume -> FailedPreconditionError; never a guess."""
+
+    def release_device(self, volume_id: str) -> None:  # noqa: B027 - optional hook
+        """Undo node-side preparation done by resolve_device (e.g. detach a loop device). Idempotent."""

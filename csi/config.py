@@ -1,0 +1,330 @@
+"""Driver configuration: flags with environment fallbacks, grouped by the part of the driver they steer.
+
+`parse_args(argv)` builds a frozen Config or exits 2 with a message naming the offending flag.
+Nothing here touches the filesystem or network; `Config.validate()` checks values only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from importlib import metadata
+
+from shim.gates import FeatureGateError, FeatureGates
+
+DEFAULT_DRIVER_NAMES = {"local": "local.csi.ballast.dev", "aws": "ebs.csi.aws.com"}
+BACKENDS = tuple(DEFAULT_DRIVER_NAMES)
+MODES = ("all", "controller", "node")
+DEFAULT_ENDPOINT = "unix:///run/csi/socket.sock"
+
+
+def version() -> str:
+    """The installed package version (from package metadata)."""
+    try:
+        return metadata.version("ballast-csi")
+    except metadata.PackageNotFoundError:
+        return "0.0.0+unknown"
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    mode: str = "all"
+    endpoint: str = DEFAULT_ENDPOINT
+    workers: int = 16
+    metrics_address: str = ""
+    log_format: str = "text"
+    log_level: str = "info"
+    feature_gates: str = ""
+
+
+@dataclass(frozen=True)
+class BackendConfig:
+    name: str = "local"
+    driver_name: str = DEFAULT_DRIVER_NAMES["local"]
+    data_dir: str = "/var/lib/ballast"
+    zone: str = "local"
+    region: str = ""
+    capacity_bytes: int = 0  # 0: no limit beyond the data-dir filesystem
+    aws_region: str = ""
+    aws_endpoint_url: str = ""
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    node_id: str = ""
+    max_volumes_per_node: int = 0  # 0: backend default
+    kubelet_dir: str = "/var/lib/kubelet"
+    allowed_path_prefixes: tuple[str, ...] = ()
+    format_concurrency: int = 2
+
+    @property
+    def allowed_roots(self) -> tuple[str, ...]:
+        """Directories under which staging and target paths may live."""
+        return (self.kubelet_dir, *self.allowed_path_prefixes)
+
+
+@dataclass(frozen=True)
+class Config:
+    server: ServerConfig = field(default_factory=ServerConfig)
+    backend: BackendConfig = field(default_factory=BackendConfig)
+    node: NodeConfig = field(default_factory=NodeConfig)
+
+    @property
+    def runs_controller(self) -> bool:
+        return self.server.mode in ("all", "controller")
+
+    @property
+    def runs_node(self) -> bool:
+        return self.server.mode in ("all", "node")
+
+    def gates(self) -> FeatureGates:
+        return FeatureGates.parse(self.server.feature_gates)
+
+
+def _size(text: str) -> int:
+    """Bytes from '10Gi', '512Mi', '1G', '1000'."""
+    units = {
+        "Ki": 1024,
+        "Mi": 1024**2,
+        "Gi": 1024**3,
+        "Ti": 1024**4,
+        "K": 10**3,
+        "M": 10**6,
+        "G": 10**9,
+        "T": 10**12,
+    }
+    text = text.strip()
+    for suffix in sorted(units, key=len, reverse=True):
+        if text.endswith(suffix):
+            number, factor = text[: -len(suffix)], units[suffix]
+            break
+    else:
+        number, factor = text, 1
+    if not number.isdigit():
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (use bytes or a suffix like 10Gi)")
+    return int(number) * factor
+
+
+def _positive(text: str) -> int:
+    value = int(text) if text.lstrip("-").isdigit() else -1
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 0, got {text!r}")
+    return int(text)
+
+
+def _gates(text: str) -> str:
+    try:
+        FeatureGates.parse(text)
+    except FeatureGateError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+    return text
+
+
+def _endpoint(text: str) -> str:
+    if text.startswith("unix://") and len(text) > len("unix://"):
+        return text
+    if text.startswith("tcp://"):
+        host = text[len("tcp://") :].rsplit(":", 1)[0].strip("[]")
+        if host in ("127.0.0.1", "localhost", "::1"):
+            return text
+        raise argparse.ArgumentTypeError(f"tcp endpoints must be loopback (127.0.0.1, ::1), got {text!r}")
+    raise argparse.ArgumentTypeError(f"expected unix:///path/to/csi.sock, got {text!r}")
+
+
+def _env(name: str, default: str) -> str:
+    return os.environ.get(name) or default
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `ballast-csi` command line; each flag documents its environment fallback."""
+    p = argparse.ArgumentParser(
+        prog="ballast-csi",
+        description="Ballast CSI driver (CSI v1.12): Identity, Controller and Node over a unix socket.",
+    )
+    p.add_argument("--version", action="version", version=f"ballast-csi {version()}")
+    srv = p.add_argument_group("server")
+    srv.add_argument(
+        "--mode",
+        choices=MODES,
+        default=_env("BALLAST_MODE", "all"),
+        help="services to serve: all, controller or node [BALLAST_MODE] (default: all)",
+    )
+    srv.add_argument(
+        "--endpoint",
+        type=_endpoint,
+        default=_env("CSI_ENDPOINT", DEFAULT_ENDPOINT),
+        help=f"gRPC endpoint, unix:///path.sock or loopback tcp:// [CSI_ENDPOINT] "
+        f"(default: {DEFAULT_ENDPOINT})",
+    )
+    srv.add_argument(
+        "--workers",
+        type=_positive,
+        default=_env("BALLAST_WORKERS", "16"),
+        help="gRPC worker threads [BALLAST_WORKERS] (default: 16)",
+    )
+    srv.add_argument(
+        "--metrics-address",
+        default=_env("BALLAST_METRICS_ADDRESS", ""),
+        help="host:port serving /metrics and /healthz; empty disables [BALLAST_METRICS_ADDRESS]",
+    )
+    srv.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default=_env("BALLAST_LOG_FORMAT", "text"),
+        help="log line format [BALLAST_LOG_FORMAT] (default: text)",
+    )
+    srv.add_argument(
+        "--log-level",
+        choices=("debug", "info", "warning", "error"),
+        default=_env("BALLAST_LOG_LEVEL", "info"),
+        help="log level [BALLAST_LOG_LEVEL] (default: info)",
+    )
+    srv.add_argument(
+        "--feature-gates",
+        type=_gates,
+        default=_env("BALLAST_FEATURE_GATES", ""),
+        help="Kubernetes-style gates, e.g. CSIMigration=true,CSIMigrationAWS=false [BALLAST_FEATURE_GATES]",
+    )
+    be = p.add_argument_group("backend")
+    be.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default=_env("BALLAST_BACKEND", "local"),
+        help="cloud backend [BALLAST_BACKEND] (default: local)",
+    )
+    be.add_argument(
+        "--driver-name",
+        default=_env("BALLAST_DRIVER_NAME", ""),
+        help="CSI driver name [BALLAST_DRIVER_NAME] (default per backend: "
+        + ", ".join(f"{k}: {v}" for k, v in DEFAULT_DRIVER_NAMES.items())
+        + ")",
+    )
+    be.add_argument(
+        "--data-dir",
+        default=_env("BALLAST_DATA_DIR", "/var/lib/ballast"),
+        help="local backend: volume files and state database [BALLAST_DATA_DIR] (default: /var/lib/ballast)",
+    )
+    be.add_argument(
+        "--zone",
+        default=_env("BALLAST_ZONE", "local"),
+        help="local backend: topology zone of this data dir [BALLAST_ZONE] (default: local)",
+    )
+    be.add_argument(
+        "--region",
+        default=_env("BALLAST_REGION", ""),
+        help="local backend: optional topology region [BALLAST_REGION]",
+    )
+    be.add_argument(
+        "--capacity",
+        type=_size,
+        default=_env("BALLAST_CAPACITY", "0"),
+        help="local backend: upper bound on provisioned bytes, e.g. 100Gi; 0 = free space of "
+        "the data dir [BALLAST_CAPACITY]",
+    )
+    be.add_argument(
+        "--aws-region",
+        default=_env("AWS_REGION", ""),
+        help="aws backend: region; empty = from instance metadata [AWS_REGION]",
+    )
+    be.add_argument(
+        "--aws-endpoint-url",
+        default=_env("AWS_ENDPOINT_URL_EC2", ""),
+        help="aws backend: EC2 endpoint override (tests, private endpoints) [AWS_ENDPOINT_URL_EC2]",
+    )
+    nd = p.add_argument_group("node")
+    nd.add_argument(
+        "--node-id",
+        default=_env("CSI_NODE_ID", ""),
+        help="node id reported by NodeGetInfo [CSI_NODE_ID] (default: the host name; aws: instance id)",
+    )
+    nd.add_argument(
+        "--max-volumes-per-node",
+        type=_non_negative,
+        default=_env("BALLAST_MAX_VOLUMES_PER_NODE", "0"),
+        help="attach limit per node; 0 = backend default [BALLAST_MAX_VOLUMES_PER_NODE]",
+    )
+    nd.add_argument(
+        "--kubelet-dir",
+        default=_env("BALLAST_KUBELET_DIR", "/var/lib/kubelet"),
+        help="kubelet root; staging and target paths must be under it or an allowed prefix "
+        "[BALLAST_KUBELET_DIR] (default: /var/lib/kubelet)",
+    )
+    nd.add_argument(
+        "--allowed-path-prefix",
+        action="append",
+        default=[x for x in _env("BALLAST_ALLOWED_PATH_PREFIXES", "").split(":") if x],
+        help="extra directory under which staging/target paths are allowed; repeatable "
+        "[BALLAST_ALLOWED_PATH_PREFIXES, colon-separated]",
+    )
+    nd.add_argument(
+        "--format-concurrency",
+        type=_positive,
+        default=_env("BALLAST_FORMAT_CONCURRENCY", "2"),
+        help="mkfs/fsck run at once on a node [BALLAST_FORMAT_CONCURRENCY] (default: 2)",
+    )
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    demo = sub.add_parser("demo", help="run a full volume lifecycle on the local backend and print each step")
+    demo.add_argument(
+        "--data-dir",
+        dest="demo_data_dir",
+        default="",
+        help="state and volume files for the demo (default: a temporary directory)",
+    )
+    demo.add_argument("--keep", action="store_true", help="keep the demo's data dir afterwards")
+    return p
+
+
+def _absolute(parser: argparse.ArgumentParser, flag: str, path: str) -> str:
+    if not os.path.isabs(path) or os.path.normpath(path) != path.rstrip("/") or ".." in path.split("/"):
+        parser.error(f"{flag} must be an absolute, normalised path, got {path!r}")
+    return path
+
+
+def from_namespace(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> Config:
+    """Build the frozen Config from parsed flags; path problems exit 2 naming the flag."""
+    driver_name = ns.driver_name or DEFAULT_DRIVER_NAMES[ns.backend]
+    prefixes = tuple(_absolute(parser, "--allowed-path-prefix", x) for x in ns.allowed_path_prefix)
+    return Config(
+        server=ServerConfig(
+            mode=ns.mode,
+            endpoint=ns.endpoint,
+            workers=ns.workers,
+            metrics_address=ns.metrics_address,
+            log_format=ns.log_format,
+            log_level=ns.log_level,
+            feature_gates=ns.feature_gates,
+        ),
+        backend=BackendConfig(
+            name=ns.backend,
+            driver_name=driver_name,
+            data_dir=_absolute(parser, "--data-dir", os.path.abspath(ns.data_dir)),
+            zone=ns.zone,
+            region=ns.region,
+            capacity_bytes=ns.capacity,
+            aws_region=ns.aws_region,
+            aws_endpoint_url=ns.aws_endpoint_url,
+        ),
+        node=NodeConfig(
+            node_id=ns.node_id or socket.gethostname(),
+            max_volumes_per_node=ns.max_volumes_per_node,
+            kubelet_dir=_absolute(parser, "--kubelet-dir", ns.kubelet_dir),
+            allowed_path_prefixes=prefixes,
+            format_concurrency=ns.format_concurrency,
+        ),
+    )
+
+
+def parse_args(argv: Sequence[str] | None = None) -> tuple[Config, argparse.Namespace]:
+    """Parse the command line; exits 2 with a message naming the flag on bad input."""
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    return from_namespace(ns, parser), ns

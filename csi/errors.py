@@ -1,0 +1,123 @@
+"""The one place where failures become gRPC status codes.
+
+Handlers raise either a CsiError subclass (one per gRPC code) or a backend error; the ErrorInterceptor
+turns both into a status with an actionable message. Anything else is a bug: it is logged once with its
+stack and answered INTERNAL with a short message that carries no traceback text.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+from csi.backends import base
+
+log = logging.getLogger("ballast.errors")
+
+
+class CsiError(Exception):
+    """A failure with a definite gRPC code. The message is shown to the CO."""
+
+    code: grpc.StatusCode = grpc.StatusCode.UNKNOWN
+
+
+class InvalidArgument(CsiError):
+    code = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class NotFound(CsiError):
+    code = grpc.StatusCode.NOT_FOUND
+
+
+class AlreadyExists(CsiError):
+    code = grpc.StatusCode.ALREADY_EXISTS
+
+
+class FailedPrecondition(CsiError):
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class OutOfRange(CsiError):
+    code = grpc.StatusCode.OUT_OF_RANGE
+
+
+class ResourceExhausted(CsiError):
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class Aborted(CsiError):
+    code = grpc.StatusCode.ABORTED
+
+
+class Unavailable(CsiError):
+    code = grpc.StatusCode.UNAVAILABLE
+
+
+class Unimplemented(CsiError):
+    code = grpc.StatusCode.UNIMPLEMENTED
+
+
+class Internal(CsiError):
+    code = grpc.StatusCode.INTERNAL
+
+
+# Backend error class -> gRPC code. Looked up along the exception's MRO, most specific first.
+BACKEND_CODES: dict[type[base.BackendError], grpc.StatusCode] = {
+    base.NotFoundError: grpc.StatusCode.NOT_FOUND,
+    base.AlreadyExistsError: grpc.StatusCode.ALREADY_EXISTS,
+    base.InvalidParameterError: grpc.StatusCode.INVALID_ARGUMENT,
+    base.OutOfRangeError: grpc.StatusCode.OUT_OF_RANGE,
+    base.LimitExceededError: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    base.OutOfCapacityError: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    base.FailedPreconditionError: grpc.StatusCode.FAILED_PRECONDITION,
+    base.TransientError: grpc.StatusCode.UNAVAILABLE,
+    base.InvalidTokenError: grpc.StatusCode.ABORTED,
+    base.BackendError: grpc.StatusCode.INTERNAL,
+}
+
+
+def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
+    """The (code, message) a client sees for `exc`. Unexpected exceptions get a reference id, not details."""
+    if isinstance(exc, CsiError):
+        return exc.code, str(exc) or exc.code.name.lower()
+    if isinstance(exc, base.BackendError):
+        for klass in type(exc).__mro__:
+            if klass in BACKEND_CODES:
+                return BACKEND_CODES[klass], str(exc) or klass.__name__
+    ref = uuid.uuid4().hex[:12]
+    return grpc.StatusCode.INTERNAL, f"internal error (reference {ref}); the driver log has the details"
+
+
+def _wrap(method: str, behavior: Callable[[Any, grpc.ServicerContext], Any]) -> Callable[..., Any]:
+    def handler(request: Any, context: grpc.ServicerContext) -> Any:
+        try:
+            return behavior(request, context)
+        except Exception as exc:  # the single boundary where every failure becomes a status
+            code, message = status_for(exc)
+            if not isinstance(exc, CsiError | base.BackendError):
+                log.error("%s failed unexpectedly: %s", method, message, exc_info=exc)
+            context.abort(code, message)
+
+    return handler
+
+
+class ErrorInterceptor(grpc.ServerInterceptor):
+    """Converts raised exceptions into gRPC statuses for every unary RPC."""
+
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler | None:
+        handler = continuation(handler_call_details)
+        if handler is None or handler.unary_unary is None:
+            return handler
+        return grpc.unary_unary_rpc_method_handler(
+            _wrap(handler_call_details.method, handler.unary_unary),
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )

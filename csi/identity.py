@@ -1,0 +1,37 @@
+"""Identity service: name and version, capabilities, readiness."""
+
+from __future__ import annotations
+
+import grpc
+
+from csi._proto import csi_pb2, csi_pb2_grpc
+from csi.backends.base import Backend, BackendError
+from csi.capabilities import Capabilities
+from csi.errors import FailedPrecondition
+
+
+class IdentityService(csi_pb2_grpc.IdentityServicer):
+    def __init__(self, driver_name: str, version: str, backend: Backend, caps: Capabilities) -> None:
+        self._info = csi_pb2.GetPluginInfoResponse(name=driver_name, vendor_version=version)
+        self._backend = backend
+        self._caps = csi_pb2.GetPluginCapabilitiesResponse(capabilities=caps.plugin())
+
+    def GetPluginInfo(
+        self, request: csi_pb2.GetPluginInfoRequest, context: grpc.ServicerContext
+    ) -> csi_pb2.GetPluginInfoResponse:
+        return self._info
+
+    def GetPluginCapabilities(
+        self, request: csi_pb2.GetPluginCapabilitiesRequest, context: grpc.ServicerContext
+    ) -> csi_pb2.GetPluginCapabilitiesResponse:
+        return self._caps
+
+    def Probe(self, request: csi_pb2.ProbeRequest, context: grpc.ServicerContext) -> csi_pb2.ProbeResponse:
+        """Ready -> ready=true; still starting -> ready=false; broken -> FAILED_PRECONDITION (spec: Probe)."""
+        try:
+            ready = self._backend.probe()
+        except BackendError as exc:
+            raise FailedPrecondition(f"backend not healthy: {exc}") from exc
+        resp = csi_pb2.ProbeResponse()
+        resp.ready.value = ready
+        return resp

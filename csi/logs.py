@@ -1,0 +1,176 @@
+"""Logging set-up and the request summaries that may be logged.
+
+Only fields named in SUMMARY_FIELDS are ever logged from a request, and never a field carrying the
+csi_secret option or a `secrets` map; `safe_dict` renders a whole message with those removed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import threading
+import time
+import uuid
+from typing import Any
+
+import grpc
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message
+
+from csi._proto import csi_pb2
+
+# Identifiers worth a log line; none can hold a secret.
+SUMMARY_FIELDS = (
+    "name",
+    "volume_id",
+    "source_volume_id",
+    "snapshot_id",
+    "group_snapshot_id",
+    "node_id",
+    "staging_target_path",
+    "target_path",
+    "volume_path",
+)
+
+_request_id = threading.local()
+
+
+def set_request_id(value: str) -> None:
+    _request_id.value = value
+
+
+def request_id() -> str:
+    return getattr(_request_id, "value", "")
+
+
+def is_secret(fd: Any) -> bool:
+    """True for fields the CSI spec marks csi_secret, and for any `secrets` map."""
+    opts = fd.GetOptions()
+    return bool(opts.Extensions[csi_pb2.csi_secret]) or fd.name == "secrets"
+
+
+def summary(request: Message) -> dict[str, str]:
+    """The identifying fields of a request that are set, for one log line."""
+    out: dict[str, str] = {}
+    for name in SUMMARY_FIELDS:
+        fd: Any = request.DESCRIPTOR.fields_by_name.get(name)
+        if fd is None or is_secret(fd) or fd.type != FieldDescriptor.TYPE_STRING:
+            continue
+        value = getattr(request, name)
+        if value:
+            out[name] = value
+    if "volume_ids" in request.DESCRIPTOR.fields_by_name:
+        ids = list(request.volume_ids)  # type: ignore[attr-defined]
+        if ids:
+            out["volume_ids"] = ",".join(ids)
+    return out
+
+
+def safe_dict(message: Message) -> dict[str, Any]:
+    """The message as a dict with every secret field and map replaced by a marker."""
+    out: dict[str, Any] = {}
+    for fd, value in message.ListFields():
+        if is_secret(fd):
+            out[fd.name] = "<redacted>"
+        elif fd.message_type is not None and fd.message_type.GetOptions().map_entry:
+            out[fd.name] = dict(value)
+        elif fd.type == FieldDescriptor.TYPE_MESSAGE:
+            if fd.is_repeated:
+                out[fd.name] = [safe_dict(v) for v in value]
+            else:
+                out[fd.name] = safe_dict(value)
+        else:
+            out[fd.name] = list(value) if fd.is_repeated else value
+    return out
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line with time, level, logger, message, request id and any `fields` extra."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        doc: dict[str, Any] = {
+            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        rid = getattr(record, "request_id", "") or request_id()
+        if rid:
+            doc["request_id"] = rid
+        doc.update(getattr(record, "fields", {}))
+        if record.exc_info:
+            doc["stack"] = self.formatException(record.exc_info)
+        return json.dumps(doc, default=str)
+
+
+class TextFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        base = super().format(record)
+        fields = getattr(record, "fields", {})
+        if fields:
+            base += " " + " ".join(f"{k}={v}" for k, v in fields.items())
+        return base
+
+
+def setup(log_format: str, level: str, stream: Any = None) -> None:
+    """Configure the root logger once (idempotent: replaces earlier Ballast handlers)."""
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.set_name("ballast")
+    if log_format == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(TextFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if h.get_name() == "ballast"]:
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level.upper())
+
+
+class LoggingInterceptor(grpc.ServerInterceptor):
+    """Logs one line per RPC: method, identifying fields, duration and resulting code.
+
+    Never logs request bodies beyond `summary()`, so secrets cannot reach the log. `observe`, if given,
+    is called with (method, code name, seconds) for metrics.
+    """
+
+    def __init__(self, observe: Any = None) -> None:
+        self._log = logging.getLogger("ballast.rpc")
+        self._observe = observe
+
+    def intercept_service(self, continuation: Any, handler_call_details: Any) -> Any:
+        handler = continuation(handler_call_details)
+        if handler is None or handler.unary_unary is None:
+            return handler
+        method = handler_call_details.method.rsplit("/", 1)[-1]
+        inner = handler.unary_unary
+
+        def logged(request: Any, context: Any) -> Any:
+            rid = uuid.uuid4().hex[:16]
+            set_request_id(rid)
+            start = time.perf_counter()
+            code = "OK"
+            try:
+                return inner(request, context)
+            except BaseException:
+                raised = context.code()
+                code = raised.name if raised is not None else "UNKNOWN"
+                raise
+            finally:
+                elapsed = time.perf_counter() - start
+                fields = {"method": method, **summary(request), "code": code, "ms": round(elapsed * 1000, 3)}
+                level = logging.INFO if code in ("OK",) else logging.WARNING
+                if method in ("Probe", "NodeGetCapabilities", "GetPluginInfo", "GetPluginCapabilities"):
+                    level = logging.DEBUG if code == "OK" else level
+                if self._log.isEnabledFor(level):
+                    self._log.log(level, "%s %s", method, code, extra={"fields": fields, "request_id": rid})
+                if self._observe is not None:
+                    self._observe(method, code, elapsed)
+                set_request_id("")
+
+        return grpc.unary_unary_rpc_method_handler(
+            logged,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )

@@ -1,0 +1,180 @@
+"""Composition root: configuration -> backend -> services -> gRPC server on a unix socket.
+
+`main()` is the `ballast-csi` entry point. SIGTERM/SIGINT stop accepting calls, let in-flight calls
+finish (up to the grace period), remove the socket and exit 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import stat
+import sys
+import threading
+from collections.abc import Sequence
+from concurrent import futures
+from types import FrameType
+
+import grpc
+
+from csi import logs
+from csi._proto import csi_pb2_grpc
+from csi.backends import build_backend
+from csi.backends.base import Backend
+from csi.capabilities import Capabilities
+from csi.config import Config, parse_args, version
+from csi.errors import ErrorInterceptor
+from csi.identity import IdentityService
+from csi.inflight import InFlight
+
+log = logging.getLogger("ballast.server")
+GRACE_SECONDS = 30.0
+
+
+def socket_path(endpoint: str) -> str | None:
+    """Filesystem path of a unix endpoint, None for tcp."""
+    if endpoint.startswith("unix://"):
+        return "/" + endpoint[len("unix://") :].lstrip("/")
+    return None
+
+
+def _prepare_socket(path: str) -> None:
+    """Remove a stale socket left by a previous run; refuse to delete anything that is not a socket."""
+    os.makedirs(os.path.dirname(path) or "/", exist_ok=True)
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(mode):
+        raise SystemExit(f"ballast-csi: --endpoint {path} exists and is not a socket; refusing to replace it")
+    os.unlink(path)
+
+
+class Driver:
+    """One driver process: owns the backend, the services and the gRPC server."""
+
+    def __init__(self, config: Config, backend: Backend | None = None) -> None:
+        self.config = config
+        self.backend = backend or build_backend(config)
+        self.caps = Capabilities(
+            backend=self.backend.capabilities,
+            serves_controller=config.runs_controller,
+            serves_node=config.runs_node,
+        )
+        self.inflight = InFlight()
+        self.metrics = None
+        if config.server.metrics_address:
+            from csi.metrics import Metrics
+
+            self.metrics = Metrics(config, self.backend, self.inflight)
+        observe = self.metrics.observe_rpc if self.metrics else None
+        self.server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=config.server.workers, thread_name_prefix="rpc"),
+            interceptors=[logs.LoggingInterceptor(observe), ErrorInterceptor()],
+            options=[("grpc.so_reuseport", 0)],
+        )
+        self._register()
+        self._socket = socket_path(config.server.endpoint)
+        self._stopped = threading.Event()
+
+    def _register(self) -> None:
+        cfg, backend, caps = self.config, self.backend, self.caps
+        csi_pb2_grpc.add_IdentityServicer_to_server(
+            IdentityService(cfg.backend.driver_name, version(), backend, caps), self.server
+        )
+        if cfg.runs_controller:
+            from csi.controller import ControllerService
+            from csi.group_controller import GroupControllerService
+
+            csi_pb2_grpc.add_ControllerServicer_to_server(
+                ControllerService(backend, cfg, caps, self.inflight), self.server
+            )
+            csi_pb2_grpc.add_GroupControllerServicer_to_server(
+                GroupControllerService(backend, cfg, caps, self.inflight), self.server
+            )
+        if cfg.runs_node:
+            from csi.node import NodeService
+
+            node = NodeService(backend, cfg, caps, self.inflight)
+            if self.metrics is not None:
+                self.metrics.watch_node(node)
+            csi_pb2_grpc.add_NodeServicer_to_server(node, self.server)
+
+    def start(self) -> None:
+        """Bind the endpoint (socket mode 0660 regardless of umask) and start serving."""
+        if self._socket:
+            _prepare_socket(self._socket)
+            old = os.umask(0o117)
+            try:
+                self.server.add_insecure_port(f"unix://{self._socket}")
+                self.server.start()
+            finally:
+                os.umask(old)
+            os.chmod(self._socket, 0o660)
+        else:
+            self.server.add_insecure_port(self.config.server.endpoint[len("tcp://") :])
+            self.server.start()
+        if self.metrics is not None:
+            self.metrics.start()
+        log.info(
+            "serving %s on %s (mode=%s, backend=%s, version=%s)",
+            self.config.backend.driver_name,
+            self.config.server.endpoint,
+            self.config.server.mode,
+            self.config.backend.name,
+            version(),
+        )
+
+    def stop(self, grace: float = GRACE_SECONDS) -> None:
+        """Drain in-flight calls, then release the socket and the backend. Idempotent."""
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        self.server.stop(grace).wait()
+        if self.metrics is not None:
+            self.metrics.stop()
+        if self._socket:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._socket)
+        self.backend.close()
+
+
+def run(config: Config) -> int:
+    """Serve until SIGTERM/SIGINT; returns the exit code."""
+    driver = Driver(config)
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        log.info("received %s, draining", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    driver.start()
+    stop.wait()
+    driver.stop()
+    log.info("stopped")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    config, ns = parse_args(argv)
+    logs.setup(config.server.log_format, config.server.log_level)
+    if ns.command == "demo":
+        from csi.demo import run_demo
+
+        return run_demo(ns)
+    try:
+        return run(config)
+    except SystemExit:
+        raise
+    except Exception as exc:
+        log.error("start-up failed: %s", exc, exc_info=config.server.log_level == "debug")
+        print(f"ballast-csi: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

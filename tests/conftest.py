@@ -1,0 +1,41 @@
+"""Suite-wide helpers: locating external tools honestly (fail in CI, skip elsewhere)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+TOOLS_BIN = REPO / ".tools" / "bin"
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() == "true"
+
+
+def require_tool(name: str) -> str:
+    """Absolute path of `name` (searched in .tools/bin, then PATH).
+
+    A missing tool fails the test when CI=true (CI must have it) and skips it elsewhere.
+    """
+    local = TOOLS_BIN / name
+    if local.is_file() and os.access(local, os.X_OK):
+        return str(local)
+    found = shutil.which(name)
+    if found:
+        return found
+    message = f"{name} not found (run scripts/setup)"
+    if in_ci():
+        pytest.fail(message, pytrace=False)
+    pytest.skip(message)
+
+
+def require_root() -> None:
+    """Loop devices and mounts need root; CI runs as root, so there a non-root run is a failure."""
+    if os.geteuid() != 0:
+        if in_ci():
+            pytest.fail("this test needs root", pytrace=False)
+        pytest.skip("needs root")
