@@ -1,0 +1,143 @@
+{{/* Chart name, overridable. */}}
+{{- define "ballast.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Prefix of every object name: fullnameOverride, or the release name (with the chart name unless it already holds it). */}}
+{{- define "ballast.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := include "ballast.name" . -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* CSI driver name: explicit, or fixed by the backend. */}}
+{{- define "ballast.driverName" -}}
+{{- if .Values.backend.driverName -}}
+{{- .Values.backend.driverName -}}
+{{- else if eq .Values.backend.name "aws" -}}
+ebs.csi.aws.com
+{{- else -}}
+local.csi.ballast.dev
+{{- end -}}
+{{- end -}}
+
+{{/* Labels on every object. */}}
+{{- define "ballast.labels" -}}
+app.kubernetes.io/name: {{ include "ballast.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: ballast-csi
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- with .Values.customLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* Selector labels of one component ("controller" or "node"); pass (list $ "controller"). */}}
+{{- define "ballast.selectorLabels" -}}
+{{- $ := index . 0 -}}
+app.kubernetes.io/name: {{ include "ballast.name" $ }}
+app.kubernetes.io/instance: {{ $.Release.Name }}
+app.kubernetes.io/component: {{ index . 1 }}
+{{- end -}}
+
+{{- define "ballast.controllerServiceAccount" -}}
+{{- default (printf "%s-controller" (include "ballast.fullname" .)) .Values.controller.serviceAccount.name -}}
+{{- end -}}
+
+{{- define "ballast.nodeServiceAccount" -}}
+{{- default (printf "%s-node" (include "ballast.fullname" .)) .Values.node.serviceAccount.name -}}
+{{- end -}}
+
+{{/* Driver image reference. */}}
+{{- define "ballast.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{/* Controller replicas: explicit, else 1 for local (one host owns the data dir), 2 for aws. */}}
+{{- define "ballast.controllerReplicas" -}}
+{{- if not (kindIs "invalid" .Values.controller.replicas) -}}
+{{- .Values.controller.replicas -}}
+{{- else if eq .Values.backend.name "local" -}}
+1
+{{- else -}}
+2
+{{- end -}}
+{{- end -}}
+
+{{/* The single --feature-gates value ("A=true,B=false", sorted) given to the driver when migration is on. */}}
+{{- define "ballast.migrationGates" -}}
+{{- $gates := list -}}
+{{- range $name, $on := .Values.migration.featureGates -}}
+{{- $gates = append $gates (printf "%s=%t" $name $on) -}}
+{{- end -}}
+{{- join "," $gates -}}
+{{- end -}}
+
+{{/* Driver arguments common to both modes (backend, names, logging, gates). */}}
+{{- define "ballast.driverCommonArgs" -}}
+- --endpoint=$(CSI_ENDPOINT)
+- --backend={{ .Values.backend.name }}
+- --driver-name={{ include "ballast.driverName" . }}
+- --log-format={{ .Values.driver.logFormat }}
+- --log-level={{ .Values.driver.logLevel }}
+{{- if eq .Values.backend.name "local" }}
+- --data-dir={{ .Values.backend.local.dataDir }}
+{{- with .Values.backend.local.capacity }}
+- --capacity={{ . }}
+{{- end }}
+{{- with .Values.backend.local.zone }}
+- --zone={{ . }}
+{{- end }}
+{{- with .Values.backend.local.region }}
+- --region={{ . }}
+{{- end }}
+{{- else }}
+{{- with .Values.backend.aws.region }}
+- --aws-region={{ . }}
+{{- end }}
+{{- with .Values.backend.aws.endpointUrl }}
+- --aws-endpoint-url={{ . }}
+{{- end }}
+{{- end }}
+{{- if and .Values.migration.enabled .Values.migration.featureGates }}
+- --feature-gates={{ include "ballast.migrationGates" . }}
+{{- end }}
+{{- end -}}
+
+{{/* Security context of every non-privileged container. */}}
+{{- define "ballast.restrictedSecurityContext" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+capabilities:
+  drop:
+    - ALL
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
+{{/* Tolerations of the node DaemonSet. */}}
+{{- define "ballast.nodeTolerations" -}}
+{{- if .Values.node.tolerateAllTaints -}}
+- operator: Exists
+{{- else -}}
+{{- toYaml .Values.node.tolerations -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Sidecar arguments for leader election. */}}
+{{- define "ballast.leaderElectionArgs" -}}
+- --leader-election=true
+- --leader-election-namespace={{ .Release.Namespace }}
+- --leader-election-lease-duration={{ .Values.leaderElection.leaseDuration }}
+- --leader-election-renew-deadline={{ .Values.leaderElection.renewDeadline }}
+- --leader-election-retry-period={{ .Values.leaderElection.retryPeriod }}
+{{- end -}}
