@@ -1,0 +1,73 @@
+"""csi/loop.py on real loop devices: attach is idempotent, capacity follows the file, detach is clean."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from csi import loop
+from csi.backends.base import NotFoundError
+from tests.conftest import require_root
+
+MiB = 1024**2
+
+
+@pytest.fixture
+def backing(tmp_path: Path) -> Iterator[str]:
+    require_root()
+    path = tmp_path / "vol.img"
+    with open(path, "wb") as fh:
+        fh.truncate(32 * MiB)
+    yield str(path)
+    loop.detach_file(str(path))
+    assert loop._devices_for(os.stat(path)) == [], "loop device leaked"
+
+
+def test_attach_reuses_the_device_bound_to_the_file(backing: str) -> None:
+    first = loop.attach(backing)
+    assert first.startswith("/dev/loop")
+    assert loop.attach(backing) == first
+    assert loop.backing_file(first) == backing
+    assert loop.is_backed_by(first, backing)
+
+
+def test_attach_gives_distinct_files_distinct_devices(backing: str, tmp_path: Path) -> None:
+    other = tmp_path / "other.img"
+    other.write_bytes(b"\0" * MiB)
+    try:
+        a, b = loop.attach(backing), loop.attach(str(other))
+        assert a != b
+        assert not loop.is_backed_by(a, str(other))
+    finally:
+        loop.detach_file(str(other))
+
+
+def test_refresh_capacity_picks_up_a_grown_file(backing: str) -> None:
+    device = loop.attach(backing)
+    assert loop.device_size(device) == 32 * MiB
+    os.truncate(backing, 48 * MiB)
+    loop.refresh_capacity(device)
+    assert loop.device_size(device) == 48 * MiB
+
+
+def test_detach_is_idempotent(backing: str) -> None:
+    device = loop.attach(backing)
+    loop.detach_file(backing)
+    assert loop.backing_file(device) is None or not loop.is_backed_by(device, backing)
+    loop.detach_file(backing)
+
+
+def test_attach_of_a_missing_file_is_not_found(tmp_path: Path) -> None:
+    require_root()
+    with pytest.raises(NotFoundError):
+        loop.attach(str(tmp_path / "missing.img"))
+
+
+def test_autoclear_and_direct_io_are_off(backing: str) -> None:
+    info = loop._status(loop.attach(backing))
+    assert info is not None
+    assert not info.lo_flags & loop.LO_FLAGS_AUTOCLEAR
+    assert not info.lo_flags & loop.LO_FLAGS_DIRECT_IO
