@@ -106,6 +106,9 @@ def test_schema_check_catches_bad_objects(obj: Obj, field: str) -> None:
         pytest.param(
             {"migration": {"featureGates": {"CSIMigrationAWS": "on"}}}, "CSIMigrationAWS", id="gate-not-bool"
         ),
+        pytest.param(
+            {"migration": {"featureGates": {"CSIMigrationFoo": True}}}, "CSIMigrationFoo", id="unknown-gate"
+        ),
         pytest.param({"node": {"kubeletPath": "var/lib/kubelet"}}, "kubeletPath", id="relative-kubelet-path"),
         pytest.param(
             {"storageClasses": [{"name": "a", "provisoner": "x"}]}, "provisoner", id="unknown-class-key"

@@ -89,6 +89,9 @@ app.kubernetes.io/component: {{ index . 1 }}
 - --driver-name={{ include "ballast.driverName" . }}
 - --log-format={{ .Values.driver.logFormat }}
 - --log-level={{ .Values.driver.logLevel }}
+{{- with .Values.driver.workers }}
+- --workers={{ . }}
+{{- end }}
 {{- if eq .Values.backend.name "local" }}
 - --data-dir={{ .Values.backend.local.dataDir }}
 {{- with .Values.backend.local.capacity }}
