@@ -1,0 +1,185 @@
+"""Prometheus metrics and /healthz on --metrics-address.
+
+RPC counts and latency by method and code (fed by the logging interceptor), backend operation latency
+and errors (by wrapping the backend instance's public operations), in-flight operations and, on nodes,
+staged volumes. /healthz answers 200 when the backend probe says ready, 503 otherwise.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Protocol
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+from csi.backends.base import Backend
+from csi.config import Config
+from csi.inflight import InFlight
+
+log = logging.getLogger("ballast.metrics")
+
+BACKEND_OPERATIONS = (
+    "create_volume",
+    "delete_volume",
+    "get_volume",
+    "list_volumes",
+    "expand_volume",
+    "modify_volume",
+    "get_capacity",
+    "attach",
+    "detach",
+    "create_snapshot",
+    "delete_snapshot",
+    "get_snapshot",
+    "list_snapshots",
+    "create_group_snapshot",
+    "delete_group_snapshot",
+    "get_group_snapshot",
+    "resolve_device",
+    "release_device",
+)
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+class StagedCounter(Protocol):
+    def staged_count(self) -> int: ...
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """'host:port' or ':port' (all interfaces)."""
+    host, _, port = address.rpartition(":")
+    if not port.isdigit():
+        raise ValueError(f"--metrics-address must be host:port, got {address!r}")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+class Metrics:
+    def __init__(self, config: Config, backend: Backend, inflight: InFlight) -> None:
+        self.registry = CollectorRegistry()
+        self._address = config.server.metrics_address
+        self._backend = backend
+        self._server: ThreadingHTTPServer | None = None
+        self.rpc_total = Counter(
+            "ballast_rpc_total",
+            "CSI RPCs served, by method and gRPC code",
+            ["method", "code"],
+            registry=self.registry,
+        )
+        self.rpc_seconds = Histogram(
+            "ballast_rpc_duration_seconds",
+            "CSI RPC latency, by method and gRPC code",
+            ["method", "code"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.backend_seconds = Histogram(
+            "ballast_backend_operation_duration_seconds",
+            "Backend operation latency",
+            ["operation"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.backend_errors = Counter(
+            "ballast_backend_operation_errors_total",
+            "Backend operations that raised, by error class",
+            ["operation", "error"],
+            registry=self.registry,
+        )
+        inflight_gauge = Gauge(
+            "ballast_inflight_operations", "Operations holding an in-flight key", registry=self.registry
+        )
+        inflight_gauge.set_function(lambda: float(len(inflight)))
+        self.staged = Gauge(
+            "ballast_node_staged_volumes", "Volumes staged on this node", registry=self.registry
+        )
+        self._instrument(backend)
+
+    def observe_rpc(self, method: str, code: str, seconds: float) -> None:
+        self.rpc_total.labels(method, code).inc()
+        self.rpc_seconds.labels(method, code).observe(seconds)
+
+    def watch_node(self, node: StagedCounter) -> None:
+        self.staged.set_function(lambda: float(node.staged_count()))
+
+    def _instrument(self, backend: Backend) -> None:
+        """Wrap the instance's operations so every call is timed and every failure counted."""
+        for name in BACKEND_OPERATIONS:
+            original = getattr(backend, name, None)
+            if callable(original):
+                setattr(backend, name, self._timed(name, original))
+
+    def _timed(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        hist = self.backend_seconds.labels(name)
+
+        @functools.wraps(fn)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            except Exception as exc:
+                self.backend_errors.labels(name, type(exc).__name__).inc()
+                raise
+            finally:
+                hist.observe(time.perf_counter() - start)
+
+        return timed
+
+    def healthy(self) -> bool:
+        try:
+            return bool(self._backend.probe())
+        except Exception:  # any probe failure means unhealthy; the reason is logged, not served
+            log.warning("health probe failed", exc_info=True)
+            return False
+
+    def start(self) -> None:
+        host, port = parse_address(self._address)
+        metrics = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                if self.path == "/metrics":
+                    body, status, ctype = generate_latest(metrics.registry), 200, CONTENT_TYPE_LATEST
+                elif self.path == "/healthz":
+                    ok = metrics.healthy()
+                    body, status, ctype = (
+                        (b"ok\n" if ok else b"not ready\n"),
+                        (200 if ok else 503),
+                        "text/plain",
+                    )
+                else:
+                    body, status, ctype = b"not found\n", 404, "text/plain"
+                self.send_response(status)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                return
+
+        self._server = ThreadingHTTPServer((host, port), Handler)
+        threading.Thread(target=self._server.serve_forever, name="metrics", daemon=True).start()
+        log.info("metrics on http://%s:%d/metrics", host, self._server.server_address[1])
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None
+        return int(self._server.server_address[1])
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None

@@ -1,0 +1,146 @@
+"""Command line: defaults, environment fallbacks, and bad flags exiting 2 with a message naming the flag."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from csi.config import build_parser, parse_args
+
+
+def test_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("CSI_ENDPOINT", "CSI_NODE_ID", "BALLAST_DATA_DIR", "BALLAST_BACKEND"):
+        monkeypatch.delenv(var, raising=False)
+    config, ns = parse_args([])
+    assert ns.command is None
+    assert config.server.mode == "all"
+    assert config.backend.name == "local"
+    assert config.backend.driver_name == "local.csi.ballast.dev"
+    assert config.backend.data_dir == "/var/lib/ballast"
+    assert config.backend.zone == "local"
+    assert config.node.node_id  # the host name
+    assert config.node.allowed_roots == ("/var/lib/kubelet",)
+
+
+@pytest.mark.parametrize(
+    ("env", "argv", "attr", "expected"),
+    [
+        pytest.param(
+            {"CSI_ENDPOINT": "unix:///tmp/x.sock"},
+            [],
+            "server.endpoint",
+            "unix:///tmp/x.sock",
+            id="endpoint-env",
+        ),
+        pytest.param(
+            {"CSI_ENDPOINT": "unix:///tmp/x.sock"},
+            ["--endpoint", "unix:///tmp/y.sock"],
+            "server.endpoint",
+            "unix:///tmp/y.sock",
+            id="flag-beats-env",
+        ),
+        pytest.param({"CSI_NODE_ID": "node-7"}, [], "node.node_id", "node-7", id="node-id-env"),
+        pytest.param(
+            {}, ["--backend", "aws"], "backend.driver_name", "ebs.csi.aws.com", id="aws-driver-name"
+        ),
+        pytest.param(
+            {},
+            ["--backend", "aws", "--driver-name", "x.example.com"],
+            "backend.driver_name",
+            "x.example.com",
+            id="driver-name-override",
+        ),
+        pytest.param({}, ["--capacity", "10Gi"], "backend.capacity_bytes", 10 * 1024**3, id="capacity-size"),
+        pytest.param({"BALLAST_WORKERS": "4"}, [], "server.workers", 4, id="workers-env"),
+        pytest.param(
+            {},
+            ["--allowed-path-prefix", "/srv/a", "--allowed-path-prefix", "/srv/b"],
+            "node.allowed_roots",
+            ("/var/lib/kubelet", "/srv/a", "/srv/b"),
+            id="path-prefixes",
+        ),
+        pytest.param(
+            {},
+            ["--feature-gates", "CSIMigration=true, CSIMigrationAWS=true"],
+            "server.feature_gates",
+            "CSIMigration=true, CSIMigrationAWS=true",
+            id="feature-gates",
+        ),
+        pytest.param(
+            {},
+            ["--endpoint", "tcp://127.0.0.1:10000"],
+            "server.endpoint",
+            "tcp://127.0.0.1:10000",
+            id="tcp-loopback",
+        ),
+    ],
+)
+def test_values(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], argv: list[str], attr: str, expected: object
+) -> None:
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    config, _ = parse_args(argv)
+    group, name = attr.split(".")
+    assert getattr(getattr(config, group), name) == expected
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        pytest.param(["--mode", "both"], "--mode", id="bad-mode"),
+        pytest.param(["--endpoint", "/tmp/x.sock"], "--endpoint", id="endpoint-no-scheme"),
+        pytest.param(["--endpoint", "tcp://10.0.0.1:9000"], "--endpoint", id="tcp-not-loopback"),
+        pytest.param(["--workers", "0"], "--workers", id="zero-workers"),
+        pytest.param(["--capacity", "lots"], "--capacity", id="bad-capacity"),
+        pytest.param(["--feature-gates", "CSIMigrationNope=true"], "--feature-gates", id="unknown-gate"),
+        pytest.param(["--feature-gates", "CSIMigration=maybe"], "--feature-gates", id="non-bool-gate"),
+        pytest.param(["--kubelet-dir", "var/lib/kubelet"], "--kubelet-dir", id="relative-kubelet-dir"),
+        pytest.param(["--allowed-path-prefix", "/srv/../etc"], "--allowed-path-prefix", id="dotdot-prefix"),
+        pytest.param(["--max-volumes-per-node", "-1"], "--max-volumes-per-node", id="negative-max"),
+        pytest.param(["--no-such-flag"], "--no-such-flag", id="unknown-flag"),
+    ],
+)
+def test_bad_flags_exit_2_naming_the_flag(
+    argv: list[str], flag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        parse_args(argv)
+    assert exited.value.code == 2
+    assert flag in capsys.readouterr().err
+
+
+def test_bad_env_value_names_the_flag(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("BALLAST_WORKERS", "many")
+    with pytest.raises(SystemExit) as exited:
+        parse_args([])
+    assert exited.value.code == 2
+    assert "--workers" in capsys.readouterr().err
+
+
+def test_help_documents_every_flag() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "csi", "--help"], capture_output=True, text=True, check=True
+    ).stdout
+    flags = [
+        opt for action in build_parser()._actions for opt in action.option_strings if opt.startswith("--")
+    ]
+    assert len(flags) >= 20
+    for flag in flags:
+        assert flag in out, f"{flag} missing from --help"
+    for action in build_parser()._actions:
+        if action.option_strings:
+            assert action.help, f"{action.option_strings} has no help text"
+
+
+def test_version_flag() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "csi", "--version"], capture_output=True, text=True, check=True
+    )
+    from importlib.metadata import version
+
+    assert done.stdout.strip() == f"ballast-csi {version('ballast-csi')}"

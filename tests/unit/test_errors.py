@@ -1,0 +1,102 @@
+"""Every failure reaches the client as the right gRPC code with an actionable message and no traceback."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+import pytest
+
+from csi import errors, logs
+from csi._proto import csi_pb2, csi_pb2_grpc
+from csi.backends import base
+from tests.csiclient import CsiClient, assert_code, connect
+
+
+class Raising(csi_pb2_grpc.IdentityServicer):
+    """Raises whatever the test put in `exc`."""
+
+    exc: BaseException = RuntimeError("unset")
+
+    def GetPluginInfo(self, request: csi_pb2.GetPluginInfoRequest, context: grpc.ServicerContext) -> None:
+        raise self.exc
+
+
+@pytest.fixture
+def raising(tmp_path: Path) -> Iterator[tuple[Raising, CsiClient]]:
+    servicer = Raising()
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=2),
+        interceptors=[logs.LoggingInterceptor(), errors.ErrorInterceptor()],
+    )
+    csi_pb2_grpc.add_IdentityServicer_to_server(servicer, server)
+    sock = tmp_path / "e.sock"
+    server.add_insecure_port(f"unix://{sock}")
+    server.start()
+    client = connect(str(sock))
+    yield servicer, client
+    client.close()
+    server.stop(None)
+
+
+BACKEND_CASES = [
+    pytest.param(base.NotFoundError("volume lv-1 not found"), grpc.StatusCode.NOT_FOUND, id="not-found"),
+    pytest.param(base.AlreadyExistsError("name taken"), grpc.StatusCode.ALREADY_EXISTS, id="already-exists"),
+    pytest.param(base.InvalidParameterError("bad key x"), grpc.StatusCode.INVALID_ARGUMENT, id="invalid-param"),
+    pytest.param(base.OutOfRangeError("too small"), grpc.StatusCode.OUT_OF_RANGE, id="out-of-range"),
+    pytest.param(base.LimitExceededError("node full"), grpc.StatusCode.RESOURCE_EXHAUSTED, id="limit"),
+    pytest.param(base.OutOfCapacityError("no space"), grpc.StatusCode.RESOURCE_EXHAUSTED, id="capacity"),
+    pytest.param(base.FailedPreconditionError("in use"), grpc.StatusCode.FAILED_PRECONDITION, id="precondition"),
+    pytest.param(base.TransientError("throttled"), grpc.StatusCode.UNAVAILABLE, id="transient"),
+    pytest.param(base.InvalidTokenError("bad token"), grpc.StatusCode.ABORTED, id="bad-token"),
+    pytest.param(base.BackendError("odd backend"), grpc.StatusCode.INTERNAL, id="generic-backend"),
+]
+
+
+@pytest.mark.parametrize(("exc", "code"), BACKEND_CASES)
+def test_backend_error_maps_to_code(raising: tuple[Raising, CsiClient], exc: Exception, code: grpc.StatusCode) -> None:
+    servicer, client = raising
+    servicer.exc = exc
+    message = assert_code(client.identity.GetPluginInfo, csi_pb2.GetPluginInfoRequest(), code)
+    assert message == str(exc)
+
+
+def test_every_backend_error_class_has_a_code() -> None:
+    classes = {c for c in vars(base).values() if isinstance(c, type) and issubclass(c, base.BackendError)}
+    assert classes == set(errors.BACKEND_CODES)
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [pytest.param(cls(f"{cls.__name__} happened"), id=cls.__name__) for cls in errors.CsiError.__subclasses__()],
+)
+def test_csi_errors_keep_their_code(raising: tuple[Raising, CsiClient], exc: errors.CsiError) -> None:
+    servicer, client = raising
+    servicer.exc = exc
+    assert assert_code(client.identity.GetPluginInfo, csi_pb2.GetPluginInfoRequest(), exc.code) == str(exc)
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        pytest.param(ZeroDivisionError("division by zero in /secret/path"), id="zero-division"),
+        pytest.param(KeyError("password"), id="key-error"),
+        pytest.param(OSError(5, "Input/output error"), id="os-error"),
+    ],
+)
+def test_unexpected_exception_is_internal_without_details(
+    raising: tuple[Raising, CsiClient], exc: Exception, caplog: pytest.LogCaptureFixture
+) -> None:
+    servicer, client = raising
+    servicer.exc = exc
+    with caplog.at_level(logging.ERROR, logger="ballast.errors"):
+        message = assert_code(client.identity.GetPluginInfo, csi_pb2.GetPluginInfoRequest(), grpc.StatusCode.INTERNAL)
+    assert str(exc) not in message and type(exc).__name__ not in message
+    assert "reference" in message
+    stacks = [r for r in caplog.records if r.exc_info]
+    assert len(stacks) == 1, "an unexpected exception is logged exactly once, with its stack"
+    ref = message.split("reference ")[1].split(")")[0]
+    assert ref in stacks[0].getMessage()
