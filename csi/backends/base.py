@@ -102,10 +102,13 @@ class DiskOptions:
     `parameters` are backend parameters already validated by `Backend.validate_parameters`.
     `requisite`/`preferred` are CSI topology segments; the backend places the disk in one that satisfies
     requisite (if any), trying preferred first. `multi_node` asks for a disk attachable to several nodes.
+    `context` holds generic volume_context entries (fs type, mkfs options) that the backend stores and
+    returns unchanged in Disk.volume_context; it takes part in the idempotency comparison.
     """
 
     size_bytes: int
     parameters: Mapping[str, str] = field(default_factory=dict)
+    context: Mapping[str, str] = field(default_factory=dict)
     mutable_parameters: Mapping[str, str] = field(default_factory=dict)
     requisite: Sequence[Mapping[str, str]] = ()
     preferred: Sequence[Mapping[str, str]] = ()
