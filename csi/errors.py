@@ -88,6 +88,9 @@ def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
         for klass in type(exc).__mro__:
             if klass in BACKEND_CODES:
                 return BACKEND_CODES[klass], str(exc) or klass.__name__
+    if isinstance(exc, NotImplementedError):
+        # generated servicer base methods raise this for RPCs a service does not implement
+        return grpc.StatusCode.UNIMPLEMENTED, "this RPC is not implemented by ballast"
     ref = uuid.uuid4().hex[:12]
     return grpc.StatusCode.INTERNAL, f"internal error (reference {ref}); the driver log has the details"
 
@@ -98,7 +101,7 @@ def _wrap(method: str, behavior: Callable[[Any, grpc.ServicerContext], Any]) -> 
             return behavior(request, context)
         except Exception as exc:  # the single boundary where every failure becomes a status
             code, message = status_for(exc)
-            if not isinstance(exc, CsiError | base.BackendError):
+            if not isinstance(exc, CsiError | base.BackendError | NotImplementedError):
                 log.error("%s failed unexpectedly: %s", method, message, exc_info=exc)
             context.abort(code, message)
 

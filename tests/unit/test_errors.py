@@ -100,3 +100,9 @@ def test_unexpected_exception_is_internal_without_details(
     assert len(stacks) == 1, "an unexpected exception is logged exactly once, with its stack"
     ref = message.split("reference ")[1].split(")")[0]
     assert ref in stacks[0].getMessage()
+
+
+def test_unimplemented_rpc_is_unimplemented(raising: tuple[Raising, CsiClient]) -> None:
+    servicer, client = raising
+    servicer.exc = NotImplementedError("Method not implemented!")
+    assert_code(client.identity.GetPluginInfo, csi_pb2.GetPluginInfoRequest(), grpc.StatusCode.UNIMPLEMENTED)
