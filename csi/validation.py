@@ -3,8 +3,9 @@ CSI spec names) with a message saying what to fix; none touches the filesystem o
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
+from csi import keys
 from csi._proto import csi_pb2
 from csi.errors import InvalidArgument, OutOfRange
 
@@ -109,3 +110,93 @@ def capacity_bytes(cr: csi_pb2.CapacityRange, *, default: int, granularity: int,
                 f"limit_bytes {limit} is below the minimum volume size {max(minimum, granularity)}"
             )
     return size
+
+
+# ---- StorageClass parameters common to every backend
+
+FS_TYPES = ("ext4", "ext3", "xfs")
+EXT_ONLY_KEYS = frozenset(
+    {keys.BYTES_PER_INODE, keys.NUMBER_OF_INODES, keys.EXT4_BIGALLOC, keys.EXT4_CLUSTER_SIZE}
+)
+EXT4_ONLY_KEYS = frozenset({keys.EXT4_BIGALLOC, keys.EXT4_CLUSTER_SIZE})
+
+
+def parse_fs_type(value: str) -> str:
+    """A filesystem the node can create: ext4, ext3 or xfs (case-insensitive)."""
+    fs = value.strip().lower()
+    if fs not in FS_TYPES:
+        raise ValueError(f"one of {', '.join(FS_TYPES)}")
+    return fs
+
+
+def _power_of_two(low: int, high: int) -> Callable[[str], str]:
+    def parse(value: str) -> str:
+        n = int(value) if value.isdigit() else 0
+        if not low <= n <= high or n & (n - 1):
+            raise ValueError(f"a power of two from {low} to {high}")
+        return str(n)
+
+    return parse
+
+
+def _whole(low: int, high: int) -> Callable[[str], str]:
+    def parse(value: str) -> str:
+        n = int(value) if value.isdigit() else -1
+        if not low <= n <= high:
+            raise ValueError(f"a whole number from {low} to {high}")
+        return str(n)
+
+    return parse
+
+
+def _boolean(value: str) -> str:
+    if value.lower() not in ("true", "false"):
+        raise ValueError("true or false")
+    return value.lower()
+
+
+# mkfs-related StorageClass parameter -> parser returning the normalised value (ValueError: "expected ...").
+# Validated at CreateVolume and carried in volume_context under the same key.
+PARAMETER_PARSERS: dict[str, Callable[[str], str]] = {
+    keys.BLOCK_SIZE: _power_of_two(512, 65536),
+    keys.INODE_SIZE: _power_of_two(128, 4096),
+    keys.BYTES_PER_INODE: _whole(1024, 64 * 1024 * 1024),
+    keys.NUMBER_OF_INODES: _whole(1, 2**32 - 1),
+    keys.EXT4_BIGALLOC: _boolean,
+    keys.EXT4_CLUSTER_SIZE: _power_of_two(1024, 64 * 1024 * 1024),
+}
+
+
+def split_parameters(parameters: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """(volume_context entries, backend parameters) of CreateVolume parameters.
+
+    `csi.storage.k8s.io/` keys are dropped, except the fs type which (like the in-tree `fsType`) becomes
+    volume_context `fsType`; PARAMETER_PARSERS keys are validated and kept; everything else is returned
+    for Backend.validate_parameters. A bad value -> INVALID_ARGUMENT naming the key.
+    """
+    context: dict[str, str] = {}
+    rest: dict[str, str] = {}
+    for key, value in parameters.items():
+        try:
+            if key in (keys.FS_TYPE, keys.FS_TYPE_LEGACY):
+                if value:
+                    context[keys.VC_FS_TYPE] = parse_fs_type(value)
+            elif key.startswith(keys.PREFIX_K8S):
+                continue
+            elif key in PARAMETER_PARSERS:
+                context[key] = PARAMETER_PARSERS[key](value)
+            else:
+                rest[key] = value
+        except ValueError as exc:
+            raise InvalidArgument(f"parameter {key}={value!r}: expected {exc}") from exc
+    fs = context.get(keys.VC_FS_TYPE, "")
+    if fs and fs != "ext4" and (bad := sorted(EXT4_ONLY_KEYS & context.keys())):
+        raise InvalidArgument(f"parameter {bad[0]} applies to ext4 only, not {fs}")
+    if fs == "xfs" and (bad := sorted(EXT_ONLY_KEYS & context.keys())):
+        raise InvalidArgument(f"parameter {bad[0]} applies to ext3/ext4 only, not xfs")
+    return context, rest
+
+
+def strip_k8s_keys(parameters: Mapping[str, str]) -> dict[str, str]:
+    """Parameters without the `csi.storage.k8s.io/` keys the Kubernetes sidecars add."""
+    return {k: v for k, v in parameters.items() if not k.startswith(keys.PREFIX_K8S)}
