@@ -1,0 +1,323 @@
+"""csi/mount.py against the shared FakeRunner: argv built, allow-lists enforced, mount table parsed."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import pytest
+
+from csi import keys
+from csi.errors import InvalidArgument
+from csi.mount import (
+    MS_BIND,
+    MS_NOEXEC,
+    MS_RDONLY,
+    Mounter,
+    MountError,
+    check_fs_type,
+    check_mount_flags,
+    fs_size,
+    mkfs_argv,
+    parse_mountinfo,
+    split_flags,
+)
+from tests.fake_runner import FakeRunner
+
+MOUNTINFO = (
+    "22 1 254:0 / / rw,relatime shared:1 - ext4 /dev/vda rw,discard\n"
+    "90 22 7:0 / /var/lib/kubelet/plugins/x/globalmount rw,relatime shared:50 - ext4 /dev/loop0 rw\n"
+    "91 22 7:0 / /var/lib/kubelet/pods/p/volumes/a\\040b/mount ro,noexec - ext4 /dev/loop0 rw\n"
+    "92 22 0:5 /loop3 /var/lib/kubelet/pods/p/volumeDevices/dev rw - devtmpfs udev rw\n"
+    "garbage line\n"
+)
+
+
+def fake_mounter(tmp_path: Path, runner: FakeRunner, text: str = MOUNTINFO) -> Mounter:
+    info = tmp_path / "mountinfo"
+    info.write_text(text)
+    return Mounter(runner, syscalls=False, mountinfo_path=str(info))
+
+
+# ---------------------------------------------------------------- allow-lists
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        pytest.param("", "ext4", id="default-ext4"),
+        pytest.param("ext4", "ext4", id="ext4"),
+        pytest.param("ext3", "ext3", id="ext3"),
+        pytest.param("xfs", "xfs", id="xfs"),
+    ],
+)
+def test_fs_types_allowed(given: str, expected: str) -> None:
+    assert check_fs_type(given) == expected
+
+
+@pytest.mark.parametrize(
+    "fs_type",
+    [
+        pytest.param("btrfs", id="btrfs"),
+        pytest.param("vfat", id="vfat"),
+        pytest.param("ext4 -O x", id="argv-injection"),
+        pytest.param("EXT4", id="wrong-case"),
+        pytest.param("nfs", id="network-fs"),
+    ],
+)
+def test_fs_types_rejected(fs_type: str) -> None:
+    with pytest.raises(InvalidArgument, match="not supported"):
+        check_fs_type(fs_type)
+
+
+@pytest.mark.parametrize(
+    ("flags", "fs_type", "expected"),
+    [
+        pytest.param(["ro", "noatime"], "ext4", ["ro", "noatime"], id="vfs-flags"),
+        pytest.param(["nodev,nosuid"], "ext4", ["nodev", "nosuid"], id="comma-joined"),
+        pytest.param(
+            ["data=writeback", "commit=30"], "ext4", ["data=writeback", "commit=30"], id="ext4-data"
+        ),
+        pytest.param(["inode64", "logbufs=8"], "xfs", ["inode64", "logbufs=8"], id="xfs-specific"),
+        pytest.param(["discard"], "xfs", ["discard"], id="discard-xfs"),
+        pytest.param(["noexec"], None, ["noexec"], id="vfs-on-block"),
+        pytest.param([], "ext4", [], id="none"),
+    ],
+)
+def test_mount_flags_allowed(flags: list[str], fs_type: str | None, expected: list[str]) -> None:
+    assert check_mount_flags(flags, fs_type) == expected
+
+
+@pytest.mark.parametrize(
+    ("flags", "fs_type"),
+    [
+        pytest.param(["exec;rm -rf /"], "ext4", id="shell-injection"),
+        pytest.param(["$(reboot)"], "ext4", id="command-substitution"),
+        pytest.param(["bogus"], "ext4", id="unknown"),
+        pytest.param(["inode64"], "ext4", id="xfs-option-on-ext4"),
+        pytest.param(["data=ordered"], "xfs", id="ext4-option-on-xfs"),
+        pytest.param(["data=evil"], "ext4", id="bad-value"),
+        pytest.param(["commit=1;x"], "ext4", id="value-injection"),
+        pytest.param(["errors=panic"], "ext4", id="errors-panic"),
+        pytest.param(["discard"], None, id="fs-option-on-block"),
+        pytest.param(["suid"], "ext4", id="suid"),
+        pytest.param(["remount"], "ext4", id="remount"),
+        pytest.param(["bind"], "ext4", id="bind"),
+    ],
+)
+def test_mount_flags_rejected(flags: list[str], fs_type: str | None) -> None:
+    with pytest.raises(InvalidArgument, match="not allowed"):
+        check_mount_flags(flags, fs_type)
+
+
+def test_split_flags_turns_vfs_flags_into_bits() -> None:
+    set_bits, clear_bits, data = split_flags(["ro", "noexec", "data=ordered"])
+    assert set_bits == MS_RDONLY | MS_NOEXEC
+    assert clear_bits == 0
+    assert data == ["data=ordered"]
+
+
+# ---------------------------------------------------------------- mkfs options
+
+
+@pytest.mark.parametrize(
+    ("fs_type", "options", "expected"),
+    [
+        pytest.param("ext4", {}, ["mkfs.ext4", "-q", "/dev/x"], id="ext4-plain"),
+        pytest.param("xfs", {}, ["mkfs.xfs", "-q", "/dev/x"], id="xfs-plain"),
+        pytest.param(
+            "ext4",
+            {keys.BLOCK_SIZE: "4096", keys.INODE_SIZE: "256", keys.BYTES_PER_INODE: "16384"},
+            ["mkfs.ext4", "-q", "-b", "4096", "-I", "256", "-i", "16384", "/dev/x"],
+            id="ext4-sizes",
+        ),
+        pytest.param(
+            "ext4",
+            {keys.EXT4_BIGALLOC: "true", keys.EXT4_CLUSTER_SIZE: "65536"},
+            ["mkfs.ext4", "-q", "-O", "bigalloc", "-C", "65536", "/dev/x"],
+            id="ext4-bigalloc",
+        ),
+        pytest.param(
+            "xfs",
+            {keys.BLOCK_SIZE: "4096", keys.INODE_SIZE: "512"},
+            ["mkfs.xfs", "-q", "-b", "size=4096", "-i", "size=512", "/dev/x"],
+            id="xfs-sizes",
+        ),
+        pytest.param(
+            "ext3", {keys.NUMBER_OF_INODES: "1000"}, ["mkfs.ext3", "-q", "-N", "1000", "/dev/x"], id="ext3"
+        ),
+        pytest.param("ext4", {"other": "x"}, ["mkfs.ext4", "-q", "/dev/x"], id="non-format-keys-ignored"),
+    ],
+)
+def test_mkfs_argv(fs_type: str, options: dict[str, str], expected: list[str]) -> None:
+    assert mkfs_argv("/dev/x", fs_type, options) == expected
+
+
+@pytest.mark.parametrize(
+    ("fs_type", "options"),
+    [
+        pytest.param("ext4", {keys.BLOCK_SIZE: "3000"}, id="not-power-of-two"),
+        pytest.param("ext4", {keys.BLOCK_SIZE: "4096 -O x"}, id="injection"),
+        pytest.param("ext4", {keys.BLOCK_SIZE: "²"}, id="unicode-digit"),
+        pytest.param("ext4", {keys.INODE_SIZE: "64"}, id="inode-too-small"),
+        pytest.param("xfs", {keys.BYTES_PER_INODE: "4096"}, id="ext-only-on-xfs"),
+        pytest.param("ext3", {keys.EXT4_BIGALLOC: "true"}, id="bigalloc-on-ext3"),
+        pytest.param("ext4", {keys.EXT4_BIGALLOC: "yes"}, id="bigalloc-not-bool"),
+        pytest.param("ext4", {keys.EXT4_CLUSTER_SIZE: "65536"}, id="cluster-without-bigalloc"),
+        pytest.param("btrfs", {}, id="fs-not-allowed"),
+    ],
+)
+def test_mkfs_argv_rejects(fs_type: str, options: dict[str, str]) -> None:
+    with pytest.raises(InvalidArgument):
+        mkfs_argv("/dev/x", fs_type, options)
+
+
+# ---------------------------------------------------------------- mount table
+
+
+def test_parse_mountinfo_fields_and_escapes() -> None:
+    entries = parse_mountinfo(MOUNTINFO)
+    assert len(entries) == 4, "the garbage line is skipped"
+    pod = entries[2]
+    assert pod.mount_point == "/var/lib/kubelet/pods/p/volumes/a b/mount"
+    assert (pod.major, pod.minor, pod.fs_type, pod.source) == (7, 0, "ext4", "/dev/loop0")
+    assert pod.readonly and "noexec" in pod.options
+    assert entries[3].root == "/loop3"
+
+
+def test_mount_at_returns_the_top_most_mount(tmp_path: Path) -> None:
+    text = MOUNTINFO + "93 90 7:1 / /var/lib/kubelet/plugins/x/globalmount rw - xfs /dev/loop1 rw\n"
+    m = fake_mounter(tmp_path, FakeRunner(), text)
+    top = m.mount_at("/var/lib/kubelet/plugins/x/globalmount")
+    assert top is not None and top.source == "/dev/loop1"
+    assert m.mount_at("/var/lib/kubelet/nothing") is None
+
+
+# ---------------------------------------------------------------- commands
+
+
+@pytest.mark.parametrize(
+    ("returncode", "stdout", "fs_type", "pt_type"),
+    [
+        pytest.param(2, "", "", "", id="blank"),
+        pytest.param(0, "DEVNAME=/dev/x\nTYPE=ext4\nUUID=1\n", "ext4", "", id="filesystem"),
+        pytest.param(0, "DEVNAME=/dev/x\nPTUUID=a\nPTTYPE=gpt\n", "", "gpt", id="partition-table"),
+        pytest.param(0, "TYPE=swap\n", "swap", "", id="swap"),
+    ],
+)
+def test_probe(tmp_path: Path, returncode: int, stdout: str, fs_type: str, pt_type: str) -> None:
+    runner = FakeRunner().on("blkid", returncode=returncode, stdout=stdout)
+    probe = fake_mounter(tmp_path, runner).probe("/dev/x")
+    assert (probe.fs_type, probe.pt_type) == (fs_type, pt_type)
+    assert probe.blank == (not fs_type and not pt_type)
+    assert runner.calls == [("blkid", "-p", "-o", "export", "/dev/x")]
+
+
+def test_probe_ambivalent_is_an_error_not_blank(tmp_path: Path) -> None:
+    runner = FakeRunner().on("blkid", returncode=8, stderr="ambivalent result")
+    with pytest.raises(MountError, match="refusing to format"):
+        fake_mounter(tmp_path, runner).probe("/dev/x")
+
+
+@pytest.mark.parametrize(
+    ("returncode", "ok"),
+    [
+        pytest.param(0, True, id="clean"),
+        pytest.param(1, True, id="corrected"),
+        pytest.param(4, False, id="uncorrected"),
+        pytest.param(8, False, id="operational-error"),
+    ],
+)
+def test_fsck_exit_codes(tmp_path: Path, returncode: int, ok: bool) -> None:
+    runner = FakeRunner().on("e2fsck", returncode=returncode, stderr="x")
+    m = fake_mounter(tmp_path, runner)
+    if ok:
+        m.fsck("/dev/x", "ext4")
+    else:
+        with pytest.raises(MountError, match="e2fsck"):
+            m.fsck("/dev/x", "ext4")
+    assert runner.calls == [("e2fsck", "-p", "/dev/x")]
+
+
+def test_fsck_skips_xfs(tmp_path: Path) -> None:
+    runner = FakeRunner()
+    fake_mounter(tmp_path, runner).fsck("/dev/x", "xfs")
+    assert runner.calls == []
+
+
+@pytest.mark.parametrize(
+    ("fs_type", "expected"),
+    [
+        pytest.param("ext4", ("resize2fs", "/dev/x"), id="ext4"),
+        pytest.param("xfs", ("xfs_growfs", "-d", "/mnt/m"), id="xfs"),
+    ],
+)
+def test_grow(tmp_path: Path, fs_type: str, expected: tuple[str, ...]) -> None:
+    runner = FakeRunner()
+    fake_mounter(tmp_path, runner).grow("/dev/x", "/mnt/m", fs_type)
+    assert runner.calls == [expected]
+
+
+def test_mount_program_fallback_argv(tmp_path: Path) -> None:
+    runner = FakeRunner()
+    fake_mounter(tmp_path, runner).mount("/dev/x", "/mnt/m", "ext4", ["noatime", "data=ordered"])
+    assert runner.calls == [("mount", "-t", "ext4", "-o", "noatime,data=ordered", "/dev/x", "/mnt/m")]
+
+
+def test_bind_readonly_program_fallback_remounts(tmp_path: Path) -> None:
+    runner = FakeRunner()
+    fake_mounter(tmp_path, runner).bind("/a", "/b", ["ro", "nodev"])
+    assert runner.calls == [("mount", "--bind", "/a", "/b"), ("mount", "-o", "remount,bind,ro,nodev", "/b")]
+
+
+def test_mkfs_failure_names_the_command(tmp_path: Path) -> None:
+    runner = FakeRunner().on("mkfs.ext4", returncode=1, stderr="line1\ndevice is busy")
+    with pytest.raises(MountError, match=r"mkfs\.ext4 on /dev/x failed: device is busy"):
+        fake_mounter(tmp_path, runner).mkfs("/dev/x", "ext4", {})
+
+
+@pytest.mark.parametrize(
+    ("path", "mounted", "expected_calls"),
+    [
+        pytest.param("/var/lib/kubelet/plugins/x/globalmount", True, 1, id="mounted"),
+        pytest.param("/var/lib/kubelet/not-mounted", False, 0, id="not-mounted-is-success"),
+    ],
+)
+def test_unmount_program_fallback(tmp_path: Path, path: str, mounted: bool, expected_calls: int) -> None:
+    runner = FakeRunner()
+    assert fake_mounter(tmp_path, runner).unmount(path) is mounted
+    assert len(runner.calls) == expected_calls
+
+
+def test_libc_unmount_of_a_missing_path_is_success(tmp_path: Path) -> None:
+    assert Mounter(FakeRunner()).unmount(str(tmp_path / "missing")) is False
+
+
+def test_bind_flag_constant_matches_the_kernel() -> None:
+    assert MS_BIND == 4096
+
+
+# ---------------------------------------------------------------- superblocks
+
+
+def test_fs_size_reads_ext4_superblock(tmp_path: Path) -> None:
+    sb = bytearray(2048)
+    struct.pack_into("<I", sb, 1024 + 0x4, 1000)  # blocks
+    struct.pack_into("<I", sb, 1024 + 0x18, 2)  # 1024 << 2 = 4096-byte blocks
+    struct.pack_into("<H", sb, 1024 + 0x38, 0xEF53)
+    image = tmp_path / "ext4.img"
+    image.write_bytes(bytes(sb))
+    assert fs_size(str(image), "ext4") == 1000 * 4096
+
+
+def test_fs_size_reads_xfs_superblock(tmp_path: Path) -> None:
+    image = tmp_path / "xfs.img"
+    image.write_bytes(b"XFSB" + struct.pack(">IQ", 4096, 512) + bytes(100))
+    assert fs_size(str(image), "xfs") == 512 * 4096
+
+
+def test_fs_size_of_garbage_is_none(tmp_path: Path) -> None:
+    image = tmp_path / "zero.img"
+    image.write_bytes(bytes(4096))
+    assert fs_size(str(image), "ext4") is None
+    assert fs_size(str(image), "xfs") is None
