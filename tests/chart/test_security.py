@@ -29,8 +29,8 @@ def test_controller_containers_run_restricted_and_non_root(set_id: str) -> None:
 def test_local_controller_init_container_may_only_chown_the_data_dir() -> None:
     deployment = only(render("local-tuned"), "Deployment")
     (init,) = pod_spec(deployment)["initContainers"]
-    assert init["command"] == ["chown", "1000:1000", "/srv/ballast"]
-    assert init["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}
+    assert init["command"] == ["chown", "-R", "1000:1000", "/srv/ballast"]
+    assert init["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN", "DAC_READ_SEARCH"]}
     assert init["securityContext"]["allowPrivilegeEscalation"] is False
 
 
