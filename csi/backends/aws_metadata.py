@@ -1,0 +1,136 @@
+"""Where this node is: instance id, availability zone and instance type from IMDSv2, with overrides, and
+the EBS attachment limit of the instance type.
+
+Overrides win over metadata: the node id comes from `--node-id`/CSI_NODE_ID when it is an instance id,
+the zone from `--zone` (when not the local default "local") or AWS_AVAILABILITY_ZONE, the limit from
+`--max-volumes-per-node`. Metadata is read only for what no override supplies.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from csi.backends.base import FailedPreconditionError
+
+log = logging.getLogger("ballast.aws")
+
+IMDS_ENDPOINT = "http://169.254.169.254"
+ZONE_ENV = "AWS_AVAILABILITY_ZONE"
+INSTANCE_ID = re.compile(r"i-[0-9a-f]{8,17}")
+
+# EBS volumes attachable besides the root volume. Nitro instances of these families share 28 slots
+# between EBS volumes and network interfaces: 28 - root - primary ENI = 26. Families with dedicated EBS
+# limits allow 128 volumes: 127 besides the root volume. Xen instances allow 40 device names: 39.
+SHARED_NITRO_LIMIT = 26
+DEDICATED_LIMIT = 127
+XEN_LIMIT = 39
+DEFAULT_LIMIT = SHARED_NITRO_LIMIT  # unknown types: the conservative Nitro figure
+_XEN_FAMILIES = frozenset({"t2", "m4", "c4", "r4", "x1", "x1e", "d2", "h1", "i3", "p2", "p3", "g3", "f1"})
+_DEDICATED_FAMILIES = frozenset(
+    {
+        "m7i",
+        "m7i-flex",
+        "c7i",
+        "c7i-flex",
+        "r7i",
+        "m7a",
+        "c7a",
+        "r7a",
+        "m8g",
+        "c8g",
+        "r8g",
+        "m8i",
+        "c8i",
+        "r8i",
+    }
+)
+
+
+def attach_limit(instance_type: str) -> int:
+    """How many EBS volumes the driver may attach to an instance of this type (besides its root)."""
+    family = instance_type.split(".", 1)[0]
+    if family in _XEN_FAMILIES:
+        return XEN_LIMIT
+    if family in _DEDICATED_FAMILIES:
+        return DEDICATED_LIMIT
+    return DEFAULT_LIMIT
+
+
+class Imds:
+    """A minimal IMDSv2 client (session token, then GET). `endpoint` is injectable for tests."""
+
+    def __init__(self, endpoint: str = IMDS_ENDPOINT, timeout: float = 1.0) -> None:
+        self.endpoint = endpoint.rstrip("/")
+        self.timeout = timeout
+        self._token = ""
+
+    def _session(self) -> str:
+        if not self._token:
+            request = urllib.request.Request(
+                f"{self.endpoint}/latest/api/token",
+                method="PUT",
+                headers={"X-aws-ec2-metadata-token-ttl-seconds": "21600"},
+            )
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                self._token = response.read().decode()
+        return self._token
+
+    def get(self, path: str) -> str:
+        """The metadata value at `latest/meta-data/<path>`; FailedPreconditionError when unreachable."""
+        try:
+            request = urllib.request.Request(
+                f"{self.endpoint}/latest/meta-data/{path}",
+                headers={"X-aws-ec2-metadata-token": self._session()},
+            )
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                return str(response.read().decode().strip())
+        except (urllib.error.URLError, OSError) as exc:
+            raise FailedPreconditionError(
+                f"instance metadata ({path}) is unavailable ({exc}); give --node-id, --zone or "
+                f"{ZONE_ENV}, and --max-volumes-per-node instead"
+            ) from exc
+
+
+@dataclass(frozen=True)
+class Placement:
+    node_id: str
+    zone: str
+    max_volumes: int
+
+
+def resolve_placement(
+    imds: Imds | None,
+    node_id: str,
+    zone: str,
+    max_volumes: int,
+    env: Mapping[str, str] | None = None,
+) -> Placement:
+    """This node's id, zone and volume limit: overrides first, IMDSv2 for the rest (imds None: none)."""
+    env = os.environ if env is None else env
+
+    def metadata(path: str) -> str:
+        if imds is None:
+            raise FailedPreconditionError(f"instance metadata is disabled and no override gives {path}")
+        return imds.get(path)
+
+    if not INSTANCE_ID.fullmatch(node_id):
+        try:
+            node_id = metadata("instance-id")
+        except FailedPreconditionError:
+            if not node_id:
+                raise
+            log.warning("node id %r is not an EC2 instance id and metadata is unavailable; using it", node_id)
+    if not zone or zone == "local":
+        zone = env.get(ZONE_ENV, "") or metadata("placement/availability-zone")
+    if max_volumes <= 0:
+        try:
+            max_volumes = attach_limit(metadata("instance-type"))
+        except FailedPreconditionError:
+            max_volumes = DEFAULT_LIMIT
+    return Placement(node_id=node_id, zone=zone, max_volumes=max_volumes)

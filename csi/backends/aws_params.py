@@ -1,0 +1,273 @@
+"""EBS StorageClass / VolumeAttributesClass parameters, volume-type limits and volume handles.
+
+Pure functions: nothing here talks to EC2. Parameter keys are matched case-insensitively (as the EBS CSI
+driver does, and as migrated in-tree StorageClasses need: translation writes `allowautoiopspergbincrease`)
+and come back under one canonical spelling.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from urllib.parse import unquote, urlsplit
+
+from csi import keys
+from csi.backends.base import InvalidParameterError, NotFoundError, OutOfRangeError
+
+# ---- canonical parameter keys
+TYPE = "type"
+IOPS = "iops"
+IOPS_PER_GB = "iopsPerGB"
+ALLOW_AUTO_IOPS = "allowAutoIOPSPerGBIncrease"
+THROUGHPUT = "throughput"
+ENCRYPTED = "encrypted"
+KMS_KEY_ID = "kmsKeyId"
+TAG_PREFIX = "tagSpecification_"
+LEGACY_FS_TYPE = "fstype"  # deprecated in the EBS driver; the filesystem comes from the capability
+
+_CANONICAL = {
+    k.lower(): k for k in (TYPE, IOPS, IOPS_PER_GB, ALLOW_AUTO_IOPS, THROUGHPUT, ENCRYPTED, KMS_KEY_ID)
+}
+_PASS_THROUGH = {k.lower(): k for k in (*keys.FORMAT_KEYS, keys.PVC_NAME, keys.PVC_NAMESPACE, keys.PV_NAME)}
+MUTABLE_KEYS = (TYPE, IOPS, THROUGHPUT)
+
+DEFAULT_TYPE = "gp3"
+
+# ---- tags the driver owns
+TAG_VOLUME_NAME = "CSIVolumeName"
+TAG_SNAPSHOT_NAME = "CSIVolumeSnapshotName"
+TAG_DRIVER = "ebs.csi.aws.com/cluster"
+TAG_CREATED_FOR = (
+    "kubernetes.io/created-for/"  # in-tree era tags: .../pvc/name, .../pvc/namespace, .../pv/name
+)
+RESERVED_TAGS = frozenset({TAG_VOLUME_NAME, TAG_SNAPSHOT_NAME, TAG_DRIVER})
+
+
+@dataclass(frozen=True)
+class VolumeType:
+    """Documented EBS limits of one volume type (sizes in GiB, throughput in MiB/s)."""
+
+    min_gib: int
+    max_gib: int
+    min_iops: int = 0  # 0: IOPS cannot be provisioned
+    max_iops: int = 0
+    max_iops_per_gib: int = 0
+    iops_required: bool = False
+    throughput: tuple[int, int] | None = None
+
+
+VOLUME_TYPES: dict[str, VolumeType] = {
+    "gp3": VolumeType(1, 16384, 3000, 16000, 500, throughput=(125, 1000)),
+    "gp2": VolumeType(1, 16384),
+    "io1": VolumeType(4, 16384, 100, 64000, 50, iops_required=True),
+    "io2": VolumeType(4, 65536, 100, 256000, 1000, iops_required=True),
+    "st1": VolumeType(125, 16384),
+    "sc1": VolumeType(125, 16384),
+    "standard": VolumeType(1, 1024),
+}
+MULTI_ATTACH_TYPES = frozenset({"io1", "io2"})
+
+
+# ---- handles
+
+
+_VOLUME_ID = re.compile(r"vol-[0-9A-Za-z]+")
+_SNAPSHOT_ID = re.compile(r"snap-[0-9A-Za-z]+")
+
+
+def volume_id(handle: str) -> str:
+    """`vol-...` from a CSI handle or an in-tree id (`aws://zone/vol-...`, `aws:///vol-...`, `vol-...`).
+
+    Anything else raises NotFoundError: no EBS volume can have that id.
+    """
+    candidate = handle
+    if handle.startswith("aws://"):
+        try:
+            candidate = unquote(urlsplit(handle).path).strip("/")
+        except ValueError as exc:
+            raise NotFoundError(f"volume {handle!r} not found: not an EBS volume id") from exc
+    if not _VOLUME_ID.fullmatch(candidate):
+        raise NotFoundError(f"volume {handle!r} not found: not an EBS volume id (vol-...)")
+    return candidate
+
+
+def snapshot_id(handle: str) -> str:
+    """`snap-...` or NotFoundError."""
+    if not _SNAPSHOT_ID.fullmatch(handle):
+        raise NotFoundError(f"snapshot {handle!r} not found: not an EBS snapshot id (snap-...)")
+    return handle
+
+
+# ---- parsing helpers
+
+
+def _int(key: str, value: str, minimum: int = 1) -> int:
+    text = value.strip()
+    if not text.isdigit() or int(text) < minimum:
+        raise InvalidParameterError(f"parameter {key}: expected a whole number >= {minimum}, got {value!r}")
+    return int(text)
+
+
+def _bool(key: str, value: str) -> bool:
+    lowered = value.strip().lower()
+    if lowered not in ("true", "false"):
+        raise InvalidParameterError(f"parameter {key}: expected true or false, got {value!r}")
+    return lowered == "true"
+
+
+def _tag(key: str, value: str) -> tuple[str, str]:
+    name, sep, tag_value = value.partition("=")
+    name = name.strip()
+    if not sep or not name:
+        raise InvalidParameterError(f"parameter {key}: expected key=value, got {value!r}")
+    if name.lower().startswith("aws:") or name in RESERVED_TAGS:
+        raise InvalidParameterError(f"parameter {key}: tag {name!r} is reserved")
+    return name, tag_value.strip()
+
+
+def _check_type(value: str) -> str:
+    lowered = value.strip().lower()
+    if lowered not in VOLUME_TYPES:
+        raise InvalidParameterError(
+            f"parameter {TYPE}: unsupported EBS volume type {value!r} (use one of {', '.join(VOLUME_TYPES)})"
+        )
+    return lowered
+
+
+def validate(parameters: Mapping[str, str]) -> dict[str, str]:
+    """Canonical, checked StorageClass parameters. Unknown keys and bad values raise
+    InvalidParameterError naming the key. Format keys and `csi.storage.k8s.io/` keys pass through."""
+    out: dict[str, str] = {}
+    for key, value in parameters.items():
+        lowered = key.lower()
+        if lowered in _CANONICAL:
+            canonical = _CANONICAL[lowered]
+        elif lowered.startswith(TAG_PREFIX.lower()):
+            _tag(key, value)
+            canonical = TAG_PREFIX + key[len(TAG_PREFIX) :]
+        elif lowered in _PASS_THROUGH or lowered.startswith(keys.PREFIX_K8S):
+            out[key] = value
+            continue
+        elif lowered == LEGACY_FS_TYPE:
+            continue  # the filesystem travels in the volume capability
+        else:
+            raise InvalidParameterError(f"unknown parameter {key!r} for the EBS backend")
+        if canonical in out:
+            raise InvalidParameterError(f"parameter {key!r} is given twice (keys are case-insensitive)")
+        out[canonical] = value.strip()
+    kind = _check_type(out.get(TYPE, DEFAULT_TYPE))
+    out[TYPE] = kind
+    limits = VOLUME_TYPES[kind]
+    if IOPS in out and IOPS_PER_GB in out:
+        raise InvalidParameterError(f"parameters {IOPS} and {IOPS_PER_GB} are mutually exclusive")
+    for key in (IOPS, IOPS_PER_GB):
+        if key in out:
+            _int(key, out[key])
+            if not limits.max_iops:
+                raise InvalidParameterError(f"parameter {key}: volume type {kind} has no provisioned IOPS")
+    if IOPS in out and not limits.min_iops <= int(out[IOPS]) <= limits.max_iops:
+        raise InvalidParameterError(
+            f"parameter {IOPS}: {kind} allows {limits.min_iops}..{limits.max_iops}, got {out[IOPS]}"
+        )
+    if limits.iops_required and IOPS not in out and IOPS_PER_GB not in out:
+        raise InvalidParameterError(f"volume type {kind} needs parameter {IOPS} or {IOPS_PER_GB}")
+    if THROUGHPUT in out:
+        mibs = _int(THROUGHPUT, out[THROUGHPUT])
+        if limits.throughput is None:
+            raise InvalidParameterError(f"parameter {THROUGHPUT}: only gp3 volumes take a throughput")
+        low, high = limits.throughput
+        if not low <= mibs <= high:
+            raise InvalidParameterError(f"parameter {THROUGHPUT}: gp3 allows {low}..{high} MiB/s, got {mibs}")
+    for key in (ALLOW_AUTO_IOPS, ENCRYPTED):
+        if key in out:
+            out[key] = str(_bool(key, out[key])).lower()
+    if KMS_KEY_ID in out and out.get(ENCRYPTED) != "true":
+        raise InvalidParameterError(f"parameter {KMS_KEY_ID} needs {ENCRYPTED}=true")
+    return out
+
+
+def validate_mutable(parameters: Mapping[str, str]) -> dict[str, str]:
+    """Canonical VolumeAttributesClass parameters: `type`, `iops`, `throughput` only."""
+    out: dict[str, str] = {}
+    for key, value in parameters.items():
+        canonical = _CANONICAL.get(key.lower())
+        if canonical not in MUTABLE_KEYS:
+            raise InvalidParameterError(
+                f"mutable parameter {key!r} is not supported by the EBS backend "
+                f"(supported: {', '.join(MUTABLE_KEYS)})"
+            )
+        out[canonical] = value.strip()
+    if TYPE in out:
+        out[TYPE] = _check_type(out[TYPE])
+    for key in (IOPS, THROUGHPUT):
+        if key in out:
+            out[key] = str(_int(key, out[key]))
+    return out
+
+
+def gib(size_bytes: int) -> int:
+    """Whole GiB holding `size_bytes` (rounded up, at least 1)."""
+    return max(1, -(-size_bytes // 1024**3))
+
+
+def check_size(kind: str, size_gib: int) -> None:
+    limits = VOLUME_TYPES[kind]
+    if not limits.min_gib <= size_gib <= limits.max_gib:
+        raise OutOfRangeError(
+            f"EBS {kind} volumes are {limits.min_gib}..{limits.max_gib} GiB; {size_gib} GiB was requested"
+        )
+
+
+def provisioned_iops(params: Mapping[str, str], size_gib: int) -> int | None:
+    """IOPS to request for a volume of `size_gib`: explicit `iops`, or `iopsPerGB` x size capped at the
+    type maximum; below the type minimum it is raised only with allowAutoIOPSPerGBIncrease=true."""
+    kind = params.get(TYPE, DEFAULT_TYPE)
+    limits = VOLUME_TYPES[kind]
+    if IOPS in params:
+        return int(params[IOPS])
+    if IOPS_PER_GB not in params:
+        return None
+    iops = min(int(params[IOPS_PER_GB]) * size_gib, limits.max_iops, limits.max_iops_per_gib * size_gib)
+    if iops < limits.min_iops:
+        if params.get(ALLOW_AUTO_IOPS) != "true":
+            raise InvalidParameterError(
+                f"{IOPS_PER_GB}={params[IOPS_PER_GB]} on {size_gib} GiB gives {iops} IOPS, below the {kind} "
+                f"minimum {limits.min_iops}; set {ALLOW_AUTO_IOPS}=true to raise it automatically"
+            )
+        iops = limits.min_iops
+    return iops
+
+
+def create_arguments(params: Mapping[str, str], size_gib: int) -> dict[str, object]:
+    """CreateVolume / CopyVolumes arguments (besides zone, token, tags, source) for these parameters."""
+    kind = params.get(TYPE, DEFAULT_TYPE)
+    check_size(kind, size_gib)
+    args: dict[str, object] = {"VolumeType": kind, "Size": size_gib}
+    iops = provisioned_iops(params, size_gib)
+    if iops is not None:
+        args["Iops"] = iops
+    if THROUGHPUT in params:
+        args["Throughput"] = int(params[THROUGHPUT])
+    if params.get(ENCRYPTED) == "true":
+        args["Encrypted"] = True
+        if KMS_KEY_ID in params:
+            args["KmsKeyId"] = params[KMS_KEY_ID]
+    return args
+
+
+def user_tags(params: Mapping[str, str]) -> dict[str, str]:
+    """Tags from tagSpecification_N plus the in-tree era `kubernetes.io/created-for/*` tags."""
+    tags: dict[str, str] = {}
+    for key in sorted(params):
+        if key.startswith(TAG_PREFIX):
+            name, value = _tag(key, params[key])
+            tags[name] = value
+    for key, suffix in (
+        (keys.PVC_NAME, "pvc/name"),
+        (keys.PVC_NAMESPACE, "pvc/namespace"),
+        (keys.PV_NAME, "pv/name"),
+    ):
+        if params.get(key):
+            tags[TAG_CREATED_FOR + suffix] = params[key]
+    return tags
