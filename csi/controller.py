@@ -1,14 +1,86 @@
-"""Controller service: provisioning, attachment, snapshots, expansion, listing (CSI Controller)."""
+"""Controller service: provisioning, attachment, snapshots, expansion, listing (CSI Controller).
+
+Every handler: check the capability -> validate the request -> hold the in-flight key -> call the backend
+-> build the response. Handlers only raise; csi.errors turns exceptions into status codes.
+In-flight keys: `create:<name>`, `vol:<id>` (delete, expand, modify), `publish:<id>:<node>`,
+`snapshot:<name>`, `snap:<id>`.
+"""
 
 from __future__ import annotations
+
+import contextlib
 
 import grpc
 
 from csi._proto import csi_pb2, csi_pb2_grpc
-from csi.backends.base import Backend
-from csi.capabilities import Capabilities
+from csi.backends.base import (
+    Backend,
+    ContentSource,
+    Disk,
+    DiskOptions,
+    InvalidParameterError,
+    NotFoundError,
+    Snapshot,
+    SourceKind,
+)
+from csi.capabilities import CRPC, Capabilities
 from csi.config import Config
+from csi.errors import FailedPrecondition, InvalidArgument, OutOfRange
 from csi.inflight import InFlight
+from csi.validation import (
+    FS_TYPES,
+    MULTI_NODE_MODES,
+    capacity_bytes,
+    check_capabilities,
+    check_capability,
+    check_map,
+    check_string,
+    is_block,
+    require,
+    split_parameters,
+    strip_k8s_keys,
+)
+
+
+def content_source(source: ContentSource | None) -> csi_pb2.VolumeContentSource | None:
+    if source is None:
+        return None
+    if source.kind is SourceKind.SNAPSHOT:
+        return csi_pb2.VolumeContentSource(
+            snapshot=csi_pb2.VolumeContentSource.SnapshotSource(snapshot_id=source.id)
+        )
+    return csi_pb2.VolumeContentSource(volume=csi_pb2.VolumeContentSource.VolumeSource(volume_id=source.id))
+
+
+def volume_message(disk: Disk) -> csi_pb2.Volume:
+    vol = csi_pb2.Volume(
+        volume_id=disk.id,
+        capacity_bytes=disk.size_bytes,
+        volume_context=dict(disk.volume_context),
+        content_source=content_source(disk.source),
+    )
+    if disk.topology:
+        vol.accessible_topology.append(csi_pb2.Topology(segments=dict(disk.topology)))
+    return vol
+
+
+def snapshot_message(snap: Snapshot) -> csi_pb2.Snapshot:
+    msg = csi_pb2.Snapshot(
+        snapshot_id=snap.id,
+        source_volume_id=snap.source_volume_id,
+        size_bytes=snap.size_bytes,
+        ready_to_use=snap.ready,
+        group_snapshot_id=snap.group_id,
+    )
+    msg.creation_time.FromNanoseconds(int(snap.created_at * 1e9))
+    return msg
+
+
+def _check_fs_type(caps: list[csi_pb2.VolumeCapability]) -> None:
+    for cap in caps:
+        fs = cap.mount.fs_type if cap.HasField("mount") else ""
+        if fs and fs.lower() not in FS_TYPES:
+            raise InvalidArgument(f"fs_type {fs!r} is not supported; use one of {', '.join(FS_TYPES)}")
 
 
 class ControllerService(csi_pb2_grpc.ControllerServicer):
@@ -24,4 +96,283 @@ class ControllerService(csi_pb2_grpc.ControllerServicer):
         Cap = csi_pb2.ControllerServiceCapability
         return csi_pb2.ControllerGetCapabilitiesResponse(
             capabilities=[Cap(rpc=Cap.RPC(type=t)) for t in sorted(self._caps.controller)]
+        )
+
+    # ---- volumes
+
+    def _mutable(self, parameters: dict[str, str]) -> dict[str, str]:
+        if not parameters:
+            return {}
+        check_map(parameters, "mutable_parameters")
+        if CRPC.MODIFY_VOLUME not in self._caps.controller:
+            raise InvalidArgument("mutable_parameters are not supported by this driver's backend")
+        return self._backend.validate_mutable_parameters(parameters)
+
+    def _source(self, request: csi_pb2.CreateVolumeRequest) -> ContentSource | None:
+        if not request.HasField("volume_content_source"):
+            return None
+        src = request.volume_content_source
+        kind = src.WhichOneof("type")
+        if kind == "snapshot":
+            self._caps.require_controller(CRPC.CREATE_DELETE_SNAPSHOT, "creating a volume from a snapshot")
+            require(src.snapshot.snapshot_id, "volume_content_source.snapshot.snapshot_id")
+            return ContentSource(SourceKind.SNAPSHOT, src.snapshot.snapshot_id)
+        if kind == "volume":
+            self._caps.require_controller(CRPC.CLONE_VOLUME, "cloning a volume")
+            require(src.volume.volume_id, "volume_content_source.volume.volume_id")
+            return ContentSource(SourceKind.VOLUME, src.volume.volume_id)
+        raise InvalidArgument("volume_content_source must name a snapshot or a volume")
+
+    def CreateVolume(
+        self, request: csi_pb2.CreateVolumeRequest, context: grpc.ServicerContext
+    ) -> csi_pb2.CreateVolumeResponse:
+        """Idempotent by name: same arguments -> the same volume; different -> ALREADY_EXISTS."""
+        require(request.name, "name")
+        check_string(request.name, "name")
+        caps = list(request.volume_capabilities)
+        check_capabilities(caps)
+        _check_fs_type(caps)
+        check_map(request.parameters, "parameters")
+        b = self._backend.capabilities
+        size = capacity_bytes(
+            request.capacity_range, default=b.default_size, granularity=b.size_granularity, minimum=b.min_size
+        )
+        volume_context, rest = split_parameters(request.parameters)
+        options = DiskOptions(
+            size_bytes=size,
+            parameters=self._backend.validate_parameters(rest),
+            context=volume_context,
+            mutable_parameters=self._mutable(dict(request.mutable_parameters)),
+            requisite=[dict(t.segments) for t in request.accessibility_requirements.requisite],
+            preferred=[dict(t.segments) for t in request.accessibility_requirements.preferred],
+            source=self._source(request),
+            multi_node=any(c.access_mode.mode in MULTI_NODE_MODES for c in caps),
+            block=any(is_block(c) for c in caps),
+        )
+        with self._inflight.hold(f"create:{request.name}"):
+            disk = self._backend.create_volume(request.name, options)
+        return csi_pb2.CreateVolumeResponse(volume=volume_message(disk))
+
+    def DeleteVolume(
+        self, request: csi_pb2.DeleteVolumeRequest, context: grpc.ServicerContext
+    ) -> csi_pb2.DeleteVolumeResponse:
+        """Unknown or already deleted -> OK; still published -> FAILED_PRECONDITION."""
+        require(request.volume_id, "volume_id")
+        with self._inflight.hold(f"vol:{request.volume_id}"), contextlib.suppress(NotFoundError):
+            self._backend.delete_volume(request.volume_id)
+        return csi_pb2.DeleteVolumeResponse()
+
+    def ControllerPublishVolume(
+        self, request: csi_pb2.ControllerPublishVolumeRequest, context: grpc.ServicerContext
+    ) -> csi_pb2.ControllerPublishVolumeResponse:
+        """Idempotent per (volume, node); another readonly flag on the same node -> ALREADY_EXISTS."""
+        self._caps.require_controller(CRPC.PUBLISH_UNPUBLISH_VOLUME, "ControllerPublishVolume")
+        require(request.volume_id, "volume_id")
+        require(request.node_id, "node_id")
+        require(request.HasField("volume_capability"), "volume_capability")
+        check_capability(request.volume_capability)
+        with self._inflight.hold(f"publish:{request.volume_id}:{request.node_id}"):
+            ctx = self._backend.attach(request.volume_id, request.node_id, request.readonly)
+        return csi_pb2.ControllerPublishVolumeResponse(publish_context=ctx)
+
+    def ControllerUnpublishVolume(
+        self, request: csi_pb2.ControllerUnpublishVolumeRequest, context: grpc.ServicerContext
+    ) -> csi_pb2.ControllerUnpublishVolumeResponse:
+        """Not attached, or the volume is gone (so it is detached) -> OK. No node_id: from all nodes."""
+        self._caps.require_controller(CRPC.PUBLISH_UNPUBLISH_VOLUME, "ControllerUnpublishVolume")
+        require(request.volume_id, "volume_id")
+        try:
+            nodes = (
+                [request.node_id]
+                if request.node_id
+                else [a.node_id for a in self._backend.get_volume(request.volume_id).attachments]
+            )
+            for node in nodes:
+                with self._inflight.hold(f"publish:{request.volume_id}:{node}"):
+                    self._backend.detach(request.volume_id, node)
+        except NotFoundError:
+            pass
+        return csi_pb2.ControllerUnpublishVolumeResponse()
+
+    def ValidateVolumeCapabilities(
+        self, request: csi_pb2.ValidateVolumeCapabilitiesRequest, context: grpc.ServicerContext
+    ) -> csi_pb2.ValidateVolumeCapabilitiesResponse:
+        """Confirms the request only when every capability and parameter is supported for this volume."""
+        require(request.volume_id, "volume_id")
+        require(request.volume_capabilities, "volume_capabilities")
+        disk = self._backend.get_volume(request.volume_id)
+        caps = list(request.volume_capabilities)
+        try:
+            check_capabilities(caps)
+            _check_fs_type(caps)
+            if not disk.multi_node and any(c.access_mode.mode in MULTI_NODE_MODES for c in caps):
+                raise InvalidArgument(f"volume {disk.id} was created for a single node")
+            _, rest = split_parameters(request.parameters)
+            self._backend.validate_parameters(rest)
+            if request.mutable_parameters:
+                self._mutable(dict(request.mutable_parameters))
+        except (InvalidArgument, InvalidParameterError) as exc:
+            return csi_pb2.ValidateVolumeCapabilitiesResponse(message=str(exc))
+        Confirmed = csi_pb2.ValidateVolumeCapabilitiesResponse.Confirmed
+        return csi_pb2.ValidateVolumeCapabilitiesResponse(
+            confirmed=Confirmed(
+                volume_context=dict(request.volume_context),
+                volume_capabilities=caps,
+                parameters=dict(request.parameters),
+                mutable_parameters=dict(request.mutable_parameters),
+            )
+        )
+
+    def _published(self, disk: Disk) -> list[str]:
+        if CRPC.LIST_VOLUMES_PUBLISHED_NODES not in self._caps.controller:
+            return []
+        return [a.node_id for a in disk.attachments]
+
+    def _condition(self, disk: Disk) -> csi_pb2.VolumeCondition | None:
+        if CRPC.VOLUME_CONDITION not in self._caps.controller:
+            return None
+        return csi_pb2.VolumeCondition(abnormal=disk.condition.abnormal, message=disk.condition.message)
+
+    def ListVolumes(
+        self, request: csi_pb2.ListVolumesRequest, context: grpc.ServicerContext
+    ) -> csi_pb2.ListVolumesResponse:
+        """Paged with opaque tokens; a token this driver did not issue -> ABORTED."""
+        self._caps.require_controller(CRPC.LIST_VOLUMES, "ListVolumes")
+        if request.max_entries < 0:
+            raise InvalidArgument("max_entries must not be negative")
+        page = self._backend.list_volumes(request.max_entries, request.starting_token)
+        Entry, Status = csi_pb2.ListVolumesResponse.Entry, csi_pb2.ListVolumesResponse.VolumeStatus
+        return csi_pb2.ListVolumesResponse(
+            entries=[
+                Entry(
+                    volume=volume_message(d),
+                    status=Status(published_node_ids=self._published(d), volume_condition=self._condition(d)),
+                )
+                for d in page.items
+            ],
+            next_token=page.next_token,
+        )
+
+    def GetCapacity(
+        self, request: csi_pb2.GetCapacityRequest, context: grpc.ServicerContext
+    ) -> csi_pb2.GetCapacityResponse:
+        self._caps.require_controller(CRPC.GET_CAPACITY, "GetCapacity")
+        if request.volume_capabilities:
+            check_capabilities(request.volume_capabilities)
+        _, rest = split_parameters(request.parameters)
+        params = self._backend.validate_parameters(rest)
+        topology = (
+            dict(request.accessible_topology.segments) if request.HasField("accessible_topology") else None
+        )
+        available = self._backend.get_capacity(params, topology)
+        resp = csi_pb2.GetCapacityResponse(available_capacity=available)
+        resp.minimum_volume_size.value = self._backend.capabilities.min_size
+        return resp
+
+    def ControllerExpandVolume(
+        self, request: csi_pb2.ControllerExpandVolumeRequest, context: grpc.ServicerContext
+    ) -> csi_pb2.ControllerExpandVolumeResponse:
+        """Online; already large enough -> current size (idempotent); shrinking -> OUT_OF_RANGE."""
+        self._caps.require_controller(CRPC.EXPAND_VOLUME, "ControllerExpandVolume")
+        require(request.volume_id, "volume_id")
+        require(request.HasField("capacity_range"), "capacity_range")
+        cr = request.capacity_range
+        require(cr.required_bytes or cr.limit_bytes, "capacity_range.required_bytes")
+        block = False
+        if request.HasField("volume_capability"):
+            check_capability(request.volume_capability)
+            block = is_block(request.volume_capability)
+        b = self._backend.capabilities
+        size = capacity_bytes(cr, default=b.default_size, granularity=b.size_granularity, minimum=b.min_size)
+        with self._inflight.hold(f"vol:{request.volume_id}"):
+            disk = self._backend.get_volume(request.volume_id)
+            if disk.attachments and not b.expand_online:
+                raise FailedPrecondition(f"volume {disk.id} is published; unpublish it to expand it offline")
+            new_size = self._backend.expand_volume(request.volume_id, size)
+        if cr.limit_bytes and new_size > cr.limit_bytes:
+            raise OutOfRange(
+                f"volume {disk.id} is already {new_size} bytes, above limit_bytes {cr.limit_bytes}"
+            )
+        return csi_pb2.ControllerExpandVolumeResponse(
+            capacity_bytes=new_size, node_expansion_required=not block
+        )
+
+    def ControllerGetVolume(
+        self, request: csi_pb2.ControllerGetVolumeRequest, context: grpc.ServicerContext
+    ) -> csi_pb2.ControllerGetVolumeResponse:
+        self._caps.require_controller(CRPC.GET_VOLUME, "ControllerGetVolume")
+        require(request.volume_id, "volume_id")
+        disk = self._backend.get_volume(request.volume_id)
+        Status = csi_pb2.ControllerGetVolumeResponse.VolumeStatus
+        return csi_pb2.ControllerGetVolumeResponse(
+            volume=volume_message(disk),
+            status=Status(published_node_ids=self._published(disk), volume_condition=self._condition(disk)),
+        )
+
+    def ControllerModifyVolume(
+        self, request: csi_pb2.ControllerModifyVolumeRequest, context: grpc.ServicerContext
+    ) -> csi_pb2.ControllerModifyVolumeResponse:
+        """All-or-nothing: any unsupported key or value -> INVALID_ARGUMENT and nothing changes."""
+        self._caps.require_controller(CRPC.MODIFY_VOLUME, "ControllerModifyVolume")
+        require(request.volume_id, "volume_id")
+        with self._inflight.hold(f"vol:{request.volume_id}"):
+            self._backend.get_volume(request.volume_id)
+            params = self._mutable(dict(request.mutable_parameters))
+            if params:
+                self._backend.modify_volume(request.volume_id, params)
+        return csi_pb2.ControllerModifyVolumeResponse()
+
+    # ---- snapshots
+
+    def CreateSnapshot(
+        self, request: csi_pb2.CreateSnapshotRequest, context: grpc.ServicerContext
+    ) -> csi_pb2.CreateSnapshotResponse:
+        """Idempotent by name and source; same name, other source -> ALREADY_EXISTS."""
+        self._caps.require_controller(CRPC.CREATE_DELETE_SNAPSHOT, "CreateSnapshot")
+        require(request.name, "name")
+        check_string(request.name, "name")
+        require(request.source_volume_id, "source_volume_id")
+        check_map(request.parameters, "parameters")
+        with self._inflight.hold(f"snapshot:{request.name}"):
+            snap = self._backend.create_snapshot(
+                request.name, request.source_volume_id, strip_k8s_keys(request.parameters)
+            )
+        return csi_pb2.CreateSnapshotResponse(snapshot=snapshot_message(snap))
+
+    def DeleteSnapshot(
+        self, request: csi_pb2.DeleteSnapshotRequest, context: grpc.ServicerContext
+    ) -> csi_pb2.DeleteSnapshotResponse:
+        """Unknown -> OK; a member of a group snapshot -> INVALID_ARGUMENT."""
+        self._caps.require_controller(CRPC.CREATE_DELETE_SNAPSHOT, "DeleteSnapshot")
+        require(request.snapshot_id, "snapshot_id")
+        with self._inflight.hold(f"snap:{request.snapshot_id}"), contextlib.suppress(NotFoundError):
+            self._backend.delete_snapshot(request.snapshot_id)
+        return csi_pb2.DeleteSnapshotResponse()
+
+    def ListSnapshots(
+        self, request: csi_pb2.ListSnapshotsRequest, context: grpc.ServicerContext
+    ) -> csi_pb2.ListSnapshotsResponse:
+        """Unknown snapshot id or source volume -> empty list; foreign token -> ABORTED."""
+        self._caps.require_controller(CRPC.LIST_SNAPSHOTS, "ListSnapshots")
+        if request.max_entries < 0:
+            raise InvalidArgument("max_entries must not be negative")
+        page = self._backend.list_snapshots(
+            snapshot_id=request.snapshot_id,
+            source_volume_id=request.source_volume_id,
+            max_entries=request.max_entries,
+            starting_token=request.starting_token,
+        )
+        Entry = csi_pb2.ListSnapshotsResponse.Entry
+        return csi_pb2.ListSnapshotsResponse(
+            entries=[Entry(snapshot=snapshot_message(s)) for s in page.items], next_token=page.next_token
+        )
+
+    def GetSnapshot(
+        self, request: csi_pb2.GetSnapshotRequest, context: grpc.ServicerContext
+    ) -> csi_pb2.GetSnapshotResponse:
+        """Unknown -> NOT_FOUND."""
+        self._caps.require_controller(CRPC.GET_SNAPSHOT, "GetSnapshot")
+        require(request.snapshot_id, "snapshot_id")
+        return csi_pb2.GetSnapshotResponse(
+            snapshot=snapshot_message(self._backend.get_snapshot(request.snapshot_id))
         )

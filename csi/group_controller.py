@@ -1,14 +1,39 @@
-"""GroupController service: crash-consistent volume group snapshots (CSI GroupController)."""
+"""GroupController service: crash-consistent volume group snapshots (CSI GroupController).
+
+The backend takes every member snapshot at one instant; this layer validates, guards by group name or
+id, and builds responses. Handlers only raise; csi.errors turns exceptions into status codes.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import grpc
 
 from csi._proto import csi_pb2, csi_pb2_grpc
-from csi.backends.base import Backend
+from csi.backends.base import Backend, GroupSnapshot, NotFoundError
 from csi.capabilities import Capabilities
 from csi.config import Config
+from csi.controller import snapshot_message
+from csi.errors import InvalidArgument
 from csi.inflight import InFlight
+from csi.validation import check_map, check_string, require, strip_k8s_keys
+
+
+def group_message(group: GroupSnapshot) -> csi_pb2.VolumeGroupSnapshot:
+    msg = csi_pb2.VolumeGroupSnapshot(
+        group_snapshot_id=group.id,
+        snapshots=[snapshot_message(s) for s in group.snapshots],
+        ready_to_use=group.ready and all(s.ready for s in group.snapshots),
+    )
+    msg.creation_time.FromNanoseconds(int(group.created_at * 1e9))
+    return msg
+
+
+def _check_members(group: GroupSnapshot, snapshot_ids: Sequence[str]) -> None:
+    """Spec: snapshot_ids, when given, must be exactly the group's members."""
+    if snapshot_ids and sorted(snapshot_ids) != sorted(s.id for s in group.snapshots):
+        raise InvalidArgument(f"snapshot_ids do not match the members of group snapshot {group.id}")
 
 
 class GroupControllerService(csi_pb2_grpc.GroupControllerServicer):
@@ -25,3 +50,46 @@ class GroupControllerService(csi_pb2_grpc.GroupControllerServicer):
         return csi_pb2.GroupControllerGetCapabilitiesResponse(
             capabilities=[Cap(rpc=Cap.RPC(type=t)) for t in sorted(self._caps.group_controller)]
         )
+
+    def CreateVolumeGroupSnapshot(
+        self, request: csi_pb2.CreateVolumeGroupSnapshotRequest, context: grpc.ServicerContext
+    ) -> csi_pb2.CreateVolumeGroupSnapshotResponse:
+        """Idempotent by name and member volumes; same name, other volumes -> ALREADY_EXISTS;
+        unknown volume -> NOT_FOUND."""
+        self._caps.require_group("CreateVolumeGroupSnapshot")
+        require(request.name, "name")
+        check_string(request.name, "name")
+        require(request.source_volume_ids, "source_volume_ids")
+        for vid in request.source_volume_ids:
+            require(vid, "source_volume_ids[]")
+        check_map(request.parameters, "parameters")
+        with self._inflight.hold(f"group:{request.name}"):
+            group = self._backend.create_group_snapshot(
+                request.name, list(request.source_volume_ids), strip_k8s_keys(request.parameters)
+            )
+        return csi_pb2.CreateVolumeGroupSnapshotResponse(group_snapshot=group_message(group))
+
+    def DeleteVolumeGroupSnapshot(
+        self, request: csi_pb2.DeleteVolumeGroupSnapshotRequest, context: grpc.ServicerContext
+    ) -> csi_pb2.DeleteVolumeGroupSnapshotResponse:
+        """Deletes the group and its member snapshots. Unknown -> OK."""
+        self._caps.require_group("DeleteVolumeGroupSnapshot")
+        require(request.group_snapshot_id, "group_snapshot_id")
+        with self._inflight.hold(f"groupid:{request.group_snapshot_id}"):
+            try:
+                group = self._backend.get_group_snapshot(request.group_snapshot_id)
+                _check_members(group, request.snapshot_ids)
+                self._backend.delete_group_snapshot(request.group_snapshot_id)
+            except NotFoundError:
+                pass
+        return csi_pb2.DeleteVolumeGroupSnapshotResponse()
+
+    def GetVolumeGroupSnapshot(
+        self, request: csi_pb2.GetVolumeGroupSnapshotRequest, context: grpc.ServicerContext
+    ) -> csi_pb2.GetVolumeGroupSnapshotResponse:
+        """Unknown -> NOT_FOUND."""
+        self._caps.require_group("GetVolumeGroupSnapshot")
+        require(request.group_snapshot_id, "group_snapshot_id")
+        group = self._backend.get_group_snapshot(request.group_snapshot_id)
+        _check_members(group, request.snapshot_ids)
+        return csi_pb2.GetVolumeGroupSnapshotResponse(group_snapshot=group_message(group))

@@ -1,0 +1,329 @@
+"""Durable state of the local backend: one SQLite database (WAL, synchronous=FULL) in the data dir.
+
+Every mutating method is one transaction, committed before it returns, so a killed driver restarts
+knowing exactly which volumes, snapshots, groups and attachments exist. Rows carry a monotonically
+increasing `seq` (never reused), which orders listings and backs paging tokens.
+Thread-safe: one connection guarded by a lock; several processes may share the file (busy timeout).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from csi.backends.base import FailedPreconditionError, LimitExceededError, NotFoundError
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS volumes (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT NOT NULL UNIQUE,
+    name TEXT NOT NULL UNIQUE,
+    size INTEGER NOT NULL,
+    spec TEXT NOT NULL,
+    mutable TEXT NOT NULL,
+    created REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS attachments (
+    volume_id TEXT NOT NULL,
+    node_id TEXT NOT NULL,
+    readonly INTEGER NOT NULL,
+    PRIMARY KEY (volume_id, node_id)
+);
+CREATE INDEX IF NOT EXISTS attachments_node ON attachments (node_id);
+CREATE TABLE IF NOT EXISTS snapshots (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT NOT NULL UNIQUE,
+    name TEXT UNIQUE,
+    source_volume_id TEXT NOT NULL,
+    size INTEGER NOT NULL,
+    created REAL NOT NULL,
+    group_id TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX IF NOT EXISTS snapshots_source ON snapshots (source_volume_id);
+CREATE INDEX IF NOT EXISTS snapshots_group ON snapshots (group_id);
+CREATE TABLE IF NOT EXISTS groups (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT NOT NULL UNIQUE,
+    name TEXT NOT NULL UNIQUE,
+    volume_ids TEXT NOT NULL,
+    created REAL NOT NULL
+);
+"""
+
+
+class NameTaken(Exception):
+    """An insert lost a race for a unique name; the caller re-reads the winner."""
+
+
+@dataclass(frozen=True)
+class VolumeRow:
+    seq: int
+    id: str
+    name: str
+    size: int
+    spec: dict[str, Any]  # creation arguments, compared for idempotency
+    mutable: dict[str, str]  # current mutable parameters
+    created: float
+
+
+@dataclass(frozen=True)
+class AttachmentRow:
+    volume_id: str
+    node_id: str
+    readonly: bool
+
+
+@dataclass(frozen=True)
+class SnapshotRow:
+    seq: int
+    id: str
+    name: str
+    source_volume_id: str
+    size: int
+    created: float
+    group_id: str
+
+
+@dataclass(frozen=True)
+class GroupRow:
+    id: str
+    name: str
+    volume_ids: tuple[str, ...]
+    created: float
+
+
+def _volume(r: sqlite3.Row) -> VolumeRow:
+    return VolumeRow(
+        r["seq"], r["id"], r["name"], r["size"], json.loads(r["spec"]), json.loads(r["mutable"]), r["created"]
+    )
+
+
+def _snapshot(r: sqlite3.Row) -> SnapshotRow:
+    return SnapshotRow(
+        r["seq"], r["id"], r["name"] or "", r["source_volume_id"], r["size"], r["created"], r["group_id"]
+    )
+
+
+def _group(r: sqlite3.Row) -> GroupRow:
+    return GroupRow(r["id"], r["name"], tuple(json.loads(r["volume_ids"])), r["created"])
+
+
+class Store:
+    def __init__(self, path: str) -> None:
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(path, timeout=30.0, isolation_level=None, check_same_thread=False)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.execute("PRAGMA busy_timeout=30000")
+        self._db.executescript(SCHEMA)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    @contextmanager
+    def tx(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction (BEGIN IMMEDIATE ... COMMIT); rolled back if the block raises."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def _read(self, sql: str, args: Sequence[Any] = ()) -> list[sqlite3.Row]:
+        with self._lock:
+            return self._db.execute(sql, tuple(args)).fetchall()
+
+    # ---- volumes
+
+    def volume(self, volume_id: str) -> VolumeRow | None:
+        rows = self._read("SELECT * FROM volumes WHERE id = ?", (volume_id,))
+        return _volume(rows[0]) if rows else None
+
+    def volume_by_name(self, name: str) -> VolumeRow | None:
+        rows = self._read("SELECT * FROM volumes WHERE name = ?", (name,))
+        return _volume(rows[0]) if rows else None
+
+    def volumes(self, after_seq: int = 0, limit: int = -1) -> list[VolumeRow]:
+        rows = self._read("SELECT * FROM volumes WHERE seq > ? ORDER BY seq LIMIT ?", (after_seq, limit))
+        return [_volume(r) for r in rows]
+
+    def volume_ids(self) -> set[str]:
+        return {r["id"] for r in self._read("SELECT id FROM volumes")}
+
+    def provisioned_bytes(self) -> int:
+        return int(self._read("SELECT COALESCE(SUM(size), 0) AS s FROM volumes")[0]["s"])
+
+    def insert_volume(
+        self,
+        volume_id: str,
+        name: str,
+        size: int,
+        spec: dict[str, Any],
+        mutable: dict[str, str],
+        created: float,
+    ) -> VolumeRow:
+        """Raises NameTaken when another volume already has `name`."""
+        try:
+            with self.tx() as db:
+                db.execute(
+                    "INSERT INTO volumes (id, name, size, spec, mutable, created) VALUES (?, ?, ?, ?, ?, ?)",
+                    (volume_id, name, size, json.dumps(spec, sort_keys=True), json.dumps(mutable), created),
+                )
+        except sqlite3.IntegrityError as exc:
+            raise NameTaken(name) from exc
+        row = self.volume(volume_id)
+        assert row is not None
+        return row
+
+    def delete_volume(self, volume_id: str) -> None:
+        """Missing -> NotFoundError; still attached -> FailedPreconditionError naming the nodes."""
+        with self.tx() as db:
+            if db.execute("SELECT 1 FROM volumes WHERE id = ?", (volume_id,)).fetchone() is None:
+                raise NotFoundError(f"volume {volume_id} not found")
+            nodes = [
+                r["node_id"]
+                for r in db.execute("SELECT node_id FROM attachments WHERE volume_id = ?", (volume_id,))
+            ]
+            if nodes:
+                raise FailedPreconditionError(
+                    f"volume {volume_id} is still published to node(s) {', '.join(sorted(nodes))}; "
+                    "unpublish it first"
+                )
+            db.execute("DELETE FROM volumes WHERE id = ?", (volume_id,))
+
+    def set_size(self, volume_id: str, size: int) -> None:
+        with self.tx() as db:
+            db.execute("UPDATE volumes SET size = ? WHERE id = ?", (size, volume_id))
+
+    def set_mutable(self, volume_id: str, mutable: dict[str, str]) -> None:
+        with self.tx() as db:
+            db.execute("UPDATE volumes SET mutable = ? WHERE id = ?", (json.dumps(mutable), volume_id))
+
+    # ---- attachments
+
+    def attachments(self, volume_ids: Sequence[str] | None = None) -> dict[str, list[AttachmentRow]]:
+        if volume_ids is None:
+            rows = self._read("SELECT * FROM attachments ORDER BY node_id")
+        else:
+            marks = ",".join("?" * len(volume_ids))
+            rows = self._read(
+                f"SELECT * FROM attachments WHERE volume_id IN ({marks}) ORDER BY node_id", volume_ids
+            )
+        out: dict[str, list[AttachmentRow]] = {}
+        for r in rows:
+            out.setdefault(r["volume_id"], []).append(
+                AttachmentRow(r["volume_id"], r["node_id"], bool(r["readonly"]))
+            )
+        return out
+
+    def attach(self, volume_id: str, node_id: str, readonly: bool, *, multi_node: bool, limit: int) -> bool:
+        """Record an attachment. True if new, False if identical one exists. Another readonly flag ->
+        ValueError; attached elsewhere and not multi-node -> FailedPreconditionError; node full ->
+        LimitExceededError; volume gone -> NotFoundError."""
+        with self.tx() as db:
+            if db.execute("SELECT 1 FROM volumes WHERE id = ?", (volume_id,)).fetchone() is None:
+                raise NotFoundError(f"volume {volume_id} not found")
+            rows = db.execute("SELECT * FROM attachments WHERE volume_id = ?", (volume_id,)).fetchall()
+            for r in rows:
+                if r["node_id"] == node_id:
+                    if bool(r["readonly"]) != readonly:
+                        raise ValueError("readonly differs")
+                    return False
+            if rows and not multi_node:
+                raise FailedPreconditionError(
+                    f"volume {volume_id} is published to node {rows[0]['node_id']}; its access mode "
+                    "allows one node only"
+                )
+            count = db.execute("SELECT COUNT(*) FROM attachments WHERE node_id = ?", (node_id,)).fetchone()[0]
+            if limit and count >= limit:
+                raise LimitExceededError(
+                    f"node {node_id} already has {count} volumes published, its limit is {limit}"
+                )
+            db.execute(
+                "INSERT INTO attachments (volume_id, node_id, readonly) VALUES (?, ?, ?)",
+                (volume_id, node_id, int(readonly)),
+            )
+            return True
+
+    def detach(self, volume_id: str, node_id: str) -> None:
+        with self.tx() as db:
+            db.execute("DELETE FROM attachments WHERE volume_id = ? AND node_id = ?", (volume_id, node_id))
+
+    # ---- snapshots and groups
+
+    def snapshot(self, snapshot_id: str) -> SnapshotRow | None:
+        rows = self._read("SELECT * FROM snapshots WHERE id = ?", (snapshot_id,))
+        return _snapshot(rows[0]) if rows else None
+
+    def snapshot_by_name(self, name: str) -> SnapshotRow | None:
+        rows = self._read("SELECT * FROM snapshots WHERE name = ?", (name,))
+        return _snapshot(rows[0]) if rows else None
+
+    def snapshot_ids(self) -> set[str]:
+        return {r["id"] for r in self._read("SELECT id FROM snapshots")}
+
+    def snapshots(
+        self, *, after_seq: int = 0, limit: int = -1, snapshot_id: str = "", source_volume_id: str = ""
+    ) -> list[SnapshotRow]:
+        where, args = ["seq > ?"], [after_seq]
+        if snapshot_id:
+            where.append("id = ?")
+            args.append(snapshot_id)  # type: ignore[arg-type]
+        if source_volume_id:
+            where.append("source_volume_id = ?")
+            args.append(source_volume_id)  # type: ignore[arg-type]
+        sql = f"SELECT * FROM snapshots WHERE {' AND '.join(where)} ORDER BY seq LIMIT ?"
+        return [_snapshot(r) for r in self._read(sql, (*args, limit))]
+
+    def insert_snapshots(self, rows: Sequence[SnapshotRow], group: GroupRow | None = None) -> None:
+        """Insert snapshots (and their group) in one transaction. A taken name -> NameTaken."""
+        try:
+            with self.tx() as db:
+                if group is not None:
+                    db.execute(
+                        "INSERT INTO groups (id, name, volume_ids, created) VALUES (?, ?, ?, ?)",
+                        (group.id, group.name, json.dumps(list(group.volume_ids)), group.created),
+                    )
+                db.executemany(
+                    "INSERT INTO snapshots (id, name, source_volume_id, size, created, group_id) "
+                    "VALUES (?, ?, ?, ?, ?, ?)",
+                    [(s.id, s.name or None, s.source_volume_id, s.size, s.created, s.group_id) for s in rows],
+                )
+        except sqlite3.IntegrityError as exc:
+            raise NameTaken(group.name if group else rows[0].name) from exc
+
+    def delete_snapshot(self, snapshot_id: str) -> None:
+        with self.tx() as db:
+            db.execute("DELETE FROM snapshots WHERE id = ?", (snapshot_id,))
+
+    def group(self, group_id: str) -> GroupRow | None:
+        rows = self._read("SELECT * FROM groups WHERE id = ?", (group_id,))
+        return _group(rows[0]) if rows else None
+
+    def group_by_name(self, name: str) -> GroupRow | None:
+        rows = self._read("SELECT * FROM groups WHERE name = ?", (name,))
+        return _group(rows[0]) if rows else None
+
+    def group_members(self, group_id: str) -> list[SnapshotRow]:
+        return [
+            _snapshot(r)
+            for r in self._read("SELECT * FROM snapshots WHERE group_id = ? ORDER BY seq", (group_id,))
+        ]
+
+    def delete_group(self, group_id: str) -> list[str]:
+        """Remove a group and its member snapshots in one transaction; returns the member ids."""
+        with self.tx() as db:
+            ids = [r["id"] for r in db.execute("SELECT id FROM snapshots WHERE group_id = ?", (group_id,))]
+            db.execute("DELETE FROM snapshots WHERE group_id = ?", (group_id,))
+            db.execute("DELETE FROM groups WHERE id = ?", (group_id,))
+            return ids

@@ -1,0 +1,382 @@
+"""LocalBackend on real files in a temporary data dir (no root: loop devices are faked)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from csi import keys
+from csi.backends import base
+from csi.backends.base import ContentSource, DiskOptions, SourceKind
+from csi.backends.local import LocalBackend
+
+GiB, MiB = base.GiB, base.MiB
+DRIVER = "local.csi.ballast.dev"
+ZONE_KEY = keys.topology_zone_key(DRIVER)
+REGION_KEY = keys.topology_region_key(DRIVER)
+
+
+class FakeLoop:
+    """csi.loop's API over a dict: device -> backing file, with sizes."""
+
+    def __init__(self) -> None:
+        self.devices: dict[str, str] = {}
+        self.sizes: dict[str, int] = {}
+        self.refreshed: list[str] = []
+        self.lie = ""  # when set, backing_file reports this path
+
+    def attach(self, backing_file: str) -> str:
+        for dev, path in self.devices.items():
+            if path == backing_file:
+                return dev
+        dev = f"/dev/loop{len(self.devices)}"
+        self.devices[dev] = backing_file
+        self.sizes[dev] = os.stat(backing_file).st_size
+        return dev
+
+    def detach_file(self, backing_file: str) -> None:
+        for dev in [d for d, p in self.devices.items() if p == backing_file]:
+            del self.devices[dev]
+
+    def backing_file(self, device: str) -> str | None:
+        return self.lie or self.devices.get(device)
+
+    def refresh_capacity(self, device: str) -> None:
+        self.refreshed.append(device)
+        self.sizes[device] = os.stat(self.devices[device]).st_size
+
+    def device_size(self, device: str) -> int:
+        return self.sizes[device]
+
+
+def open_backend(data: Path, loop: Any = None, **kw: Any) -> LocalBackend:
+    kw.setdefault("node_id", "node-1")
+    kw.setdefault("zone", "z1")
+    return LocalBackend(str(data), driver_name=DRIVER, loop=loop, **kw)
+
+
+@pytest.fixture
+def data(tmp_path: Path) -> Path:
+    return tmp_path / "data"
+
+
+@pytest.fixture
+def be(data: Path) -> Iterator[LocalBackend]:
+    b = open_backend(data)
+    yield b
+    b.close()
+
+
+def volume_files(data: Path) -> list[str]:
+    return sorted(os.listdir(data / "volumes"))
+
+
+def write(path: str, offset: int, payload: bytes) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(payload)
+
+
+def read(path: str, offset: int, n: int) -> bytes:
+    with open(path, "rb") as f:
+        f.seek(offset)
+        return f.read(n)
+
+
+def test_create_makes_a_sparse_file_and_a_durable_record(data: Path, be: LocalBackend) -> None:
+    disk = be.create_volume("pvc-1", DiskOptions(size_bytes=GiB, context={"fsType": "xfs"}))
+    st = os.stat(be.volume_path(disk.id))
+    assert st.st_size == GiB and st.st_blocks == 0
+    assert disk.topology == {ZONE_KEY: "z1"}
+    be.close()
+    reopened = open_backend(data)
+    got = reopened.get_volume(disk.id)
+    assert (got.name, got.size_bytes, dict(got.volume_context)) == ("pvc-1", GiB, {"fsType": "xfs"})
+    reopened.close()
+
+
+@pytest.mark.parametrize(
+    ("second", "same"),
+    [
+        pytest.param(DiskOptions(size_bytes=GiB), True, id="same-args"),
+        pytest.param(DiskOptions(size_bytes=2 * GiB), False, id="other-size"),
+        pytest.param(DiskOptions(size_bytes=GiB, context={"fsType": "xfs"}), False, id="other-fstype"),
+        pytest.param(
+            DiskOptions(size_bytes=GiB, mutable_parameters={"iops": "5"}), False, id="other-mutable"
+        ),
+        pytest.param(DiskOptions(size_bytes=GiB, multi_node=True), False, id="other-access"),
+    ],
+)
+def test_create_is_idempotent_by_name(data: Path, be: LocalBackend, second: DiskOptions, same: bool) -> None:
+    first = be.create_volume("pvc-1", DiskOptions(size_bytes=GiB))
+    if same:
+        assert be.create_volume("pvc-1", second).id == first.id
+    else:
+        with pytest.raises(base.AlreadyExistsError):
+            be.create_volume("pvc-1", second)
+    assert volume_files(data) == [f"{first.id}.img"]
+
+
+BAD_IDS = ["../x", "lv-../../etc/passwd", "lv-" + "0" * 31 + "\0", "lv-" + "A" * 32, "", "ls-" + "0" * 32]
+
+
+@pytest.mark.parametrize("bad", [pytest.param(b, id=repr(b)) for b in BAD_IDS])
+def test_malformed_ids_are_not_found_without_file_operations(data: Path, be: LocalBackend, bad: str) -> None:
+    calls: list[Any] = [
+        lambda: be.get_volume(bad),
+        lambda: be.delete_volume(bad),
+        lambda: be.expand_volume(bad, 2 * GiB),
+        lambda: be.attach(bad, "node-1", False),
+        lambda: be.detach(bad, "node-1"),
+        lambda: be.create_snapshot("s", bad, {}),
+        lambda: be.create_volume(
+            "v", DiskOptions(size_bytes=GiB, source=ContentSource(SourceKind.VOLUME, bad))
+        ),
+        lambda: be.create_group_snapshot("g", [bad], {}),
+        lambda: be.resolve_device(bad, {}),
+    ]
+    for call in calls:
+        with pytest.raises(base.NotFoundError):
+            call()
+    assert volume_files(data) == []
+    assert os.listdir(data / "snapshots") == []
+
+
+def test_snapshot_is_point_in_time_and_restores_keep_holes(be: LocalBackend) -> None:
+    vol = be.create_volume("src", DiskOptions(size_bytes=64 * MiB))
+    write(be.volume_path(vol.id), 8 * MiB, b"before")
+    snap = be.create_snapshot("snap", vol.id, {})
+    write(be.volume_path(vol.id), 8 * MiB, b"after!")
+    restored = be.create_volume(
+        "restored", DiskOptions(size_bytes=128 * MiB, source=ContentSource(SourceKind.SNAPSHOT, snap.id))
+    )
+    path = be.volume_path(restored.id)
+    assert read(path, 8 * MiB, 6) == b"before"
+    st = os.stat(path)
+    assert st.st_size == 128 * MiB and st.st_blocks * 512 < 4 * MiB
+    assert restored.source == ContentSource(SourceKind.SNAPSHOT, snap.id)
+
+
+def test_clone_copies_data_and_source_size_limits_it(be: LocalBackend) -> None:
+    vol = be.create_volume("src", DiskOptions(size_bytes=32 * MiB))
+    write(be.volume_path(vol.id), 0, b"cloned")
+    clone = be.create_volume(
+        "clone", DiskOptions(size_bytes=32 * MiB, source=ContentSource(SourceKind.VOLUME, vol.id))
+    )
+    assert read(be.volume_path(clone.id), 0, 6) == b"cloned"
+    with pytest.raises(base.OutOfRangeError):
+        be.create_volume(
+            "small", DiskOptions(size_bytes=MiB, source=ContentSource(SourceKind.VOLUME, vol.id))
+        )
+    with pytest.raises(base.NotFoundError):
+        be.create_volume(
+            "x", DiskOptions(size_bytes=GiB, source=ContentSource(SourceKind.SNAPSHOT, "ls-" + "1" * 32))
+        )
+
+
+def test_delete_refuses_published_volume_and_keeps_snapshots(data: Path, be: LocalBackend) -> None:
+    vol = be.create_volume("v", DiskOptions(size_bytes=GiB))
+    snap = be.create_snapshot("s", vol.id, {})
+    be.attach(vol.id, "node-1", False)
+    with pytest.raises(base.FailedPreconditionError, match="node-1"):
+        be.delete_volume(vol.id)
+    be.detach(vol.id, "node-1")
+    be.delete_volume(vol.id)
+    assert volume_files(data) == []
+    with pytest.raises(base.NotFoundError):
+        be.delete_volume(vol.id)
+    assert be.get_snapshot(snap.id).source_volume_id == vol.id
+
+
+def test_attach_rules(be: LocalBackend) -> None:
+    vol = be.create_volume("v", DiskOptions(size_bytes=GiB))
+    ctx = be.attach(vol.id, "node-1", False)
+    assert ctx == {keys.PC_VOLUME_FILE: be.volume_path(vol.id)}
+    assert be.attach(vol.id, "node-1", False) == ctx
+    with pytest.raises(base.AlreadyExistsError):
+        be.attach(vol.id, "node-1", True)
+    with pytest.raises(base.NotFoundError, match="node-9"):
+        be.attach(vol.id, "node-9", False)
+    assert [a.node_id for a in be.get_volume(vol.id).attachments] == ["node-1"]
+    be.detach(vol.id, "node-1")
+    be.detach(vol.id, "node-1")
+    assert be.get_volume(vol.id).attachments == ()
+
+
+def test_attach_limit_per_node(data: Path) -> None:
+    be = open_backend(data, max_volumes_per_node=2)
+    ids = [be.create_volume(f"v{i}", DiskOptions(size_bytes=MiB)).id for i in range(3)]
+    be.attach(ids[0], "node-1", False)
+    be.attach(ids[1], "node-1", False)
+    with pytest.raises(base.LimitExceededError):
+        be.attach(ids[2], "node-1", False)
+    assert be.node_identity().max_volumes == 2
+    be.close()
+
+
+def test_expand_grows_the_file_and_refuses_to_shrink(be: LocalBackend) -> None:
+    vol = be.create_volume("v", DiskOptions(size_bytes=GiB))
+    be.attach(vol.id, "node-1", False)
+    assert be.expand_volume(vol.id, 2 * GiB) == 2 * GiB
+    assert os.stat(be.volume_path(vol.id)).st_size == 2 * GiB
+    assert be.expand_volume(vol.id, GiB) == 2 * GiB  # already big enough: idempotent
+    assert be.get_volume(vol.id).size_bytes == 2 * GiB
+
+
+def test_list_volumes_pages_with_tokens_that_survive_deletes(be: LocalBackend) -> None:
+    ids = [be.create_volume(f"v{i}", DiskOptions(size_bytes=MiB)).id for i in range(5)]
+    page = be.list_volumes(2)
+    assert [d.id for d in page.items] == ids[:2]
+    be.delete_volume(ids[1])
+    rest = be.list_volumes(0, page.next_token)
+    assert [d.id for d in rest.items] == ids[2:] and rest.next_token == ""
+    for bad in ("garbage", "lvt-x", "lst-1"):
+        with pytest.raises(base.InvalidTokenError):
+            be.list_volumes(1, bad)
+
+
+def test_capacity_limit_and_topology(data: Path) -> None:
+    be = open_backend(data, capacity_bytes=3 * GiB, region="r1")
+    assert be.get_capacity({}, None) == 3 * GiB
+    be.create_volume("a", DiskOptions(size_bytes=2 * GiB))
+    assert be.get_capacity({}, {ZONE_KEY: "z1"}) == GiB
+    assert be.get_capacity({}, {ZONE_KEY: "z2"}) == 0
+    with pytest.raises(base.OutOfCapacityError):
+        be.create_volume("b", DiskOptions(size_bytes=2 * GiB))
+    far = DiskOptions(size_bytes=MiB, requisite=[{ZONE_KEY: "z1", REGION_KEY: "r2"}])
+    with pytest.raises(base.OutOfCapacityError):
+        be.create_volume("c", far)
+    near = DiskOptions(size_bytes=MiB, requisite=[{ZONE_KEY: "z9"}, {ZONE_KEY: "z1", REGION_KEY: "r1"}])
+    assert be.create_volume("d", near).topology == {ZONE_KEY: "z1", REGION_KEY: "r1"}
+    be.close()
+
+
+@pytest.mark.parametrize(
+    ("params", "ok"),
+    [
+        pytest.param({"iops": "3000", "throughput": "125", "tier": "performance"}, True, id="all-supported"),
+        pytest.param({"iops": "0"}, False, id="iops-zero"),
+        pytest.param({"tier": "gold"}, False, id="unknown-tier"),
+        pytest.param({"iops": "10", "colour": "red"}, False, id="unknown-key"),
+    ],
+)
+def test_mutable_parameters(be: LocalBackend, params: dict[str, str], ok: bool) -> None:
+    if ok:
+        assert be.validate_mutable_parameters(params) == params
+    else:
+        with pytest.raises(base.InvalidParameterError):
+            be.validate_mutable_parameters(params)
+
+
+def test_modify_volume_merges_mutable_parameters(be: LocalBackend) -> None:
+    vol = be.create_volume("v", DiskOptions(size_bytes=MiB, mutable_parameters={"iops": "10"}))
+    disk = be.modify_volume(vol.id, {"tier": "standard"})
+    assert dict(disk.parameters) == {"iops": "10", "tier": "standard"}
+
+
+def test_unknown_parameters_are_rejected_by_name(be: LocalBackend) -> None:
+    with pytest.raises(base.InvalidParameterError, match="zone"):
+        be.validate_parameters({"zone": "a"})
+
+
+def test_snapshot_idempotency_and_listing(be: LocalBackend) -> None:
+    a = be.create_volume("a", DiskOptions(size_bytes=MiB))
+    b = be.create_volume("b", DiskOptions(size_bytes=MiB))
+    s1 = be.create_snapshot("s1", a.id, {})
+    assert be.create_snapshot("s1", a.id, {}).id == s1.id
+    with pytest.raises(base.AlreadyExistsError):
+        be.create_snapshot("s1", b.id, {})
+    s2 = be.create_snapshot("s2", b.id, {})
+    assert [s.id for s in be.list_snapshots(source_volume_id=b.id).items] == [s2.id]
+    assert [s.id for s in be.list_snapshots(snapshot_id=s1.id).items] == [s1.id]
+    assert be.list_snapshots(snapshot_id="ls-" + "f" * 32).items == ()
+    first = be.list_snapshots(max_entries=1)
+    assert [s.id for s in be.list_snapshots(starting_token=first.next_token).items] == [s2.id]
+    be.delete_snapshot(s1.id)
+    with pytest.raises(base.NotFoundError):
+        be.get_snapshot(s1.id)
+
+
+def test_group_snapshot_members_share_an_instant_and_delete_together(data: Path, be: LocalBackend) -> None:
+    vols = [be.create_volume(f"v{i}", DiskOptions(size_bytes=MiB)) for i in range(3)]
+    for i, v in enumerate(vols):
+        write(be.volume_path(v.id), 0, f"vol{i}".encode())
+    group = be.create_group_snapshot("g", [v.id for v in vols], {})
+    assert len({s.created_at for s in group.snapshots}) == 1
+    assert be.create_group_snapshot("g", [v.id for v in reversed(vols)], {}).id == group.id
+    with pytest.raises(base.AlreadyExistsError):
+        be.create_group_snapshot("g", [vols[0].id], {})
+    member = group.snapshots[1]
+    restored = be.create_volume(
+        "r", DiskOptions(size_bytes=MiB, source=ContentSource(SourceKind.SNAPSHOT, member.id))
+    )
+    assert read(be.volume_path(restored.id), 0, 4) == b"vol1"
+    with pytest.raises(base.InvalidParameterError, match="group"):
+        be.delete_snapshot(member.id)
+    be.delete_group_snapshot(group.id)
+    assert os.listdir(data / "snapshots") == []
+    with pytest.raises(base.NotFoundError):
+        be.get_group_snapshot(group.id)
+    with pytest.raises(base.NotFoundError):
+        be.create_group_snapshot("g2", [vols[0].id, "lv-" + "0" * 32], {})
+    assert os.listdir(data / "snapshots") == []
+
+
+def test_reconcile_removes_orphans_grows_torn_expands_and_flags_missing_files(data: Path) -> None:
+    be = open_backend(data)
+    kept = be.create_volume("kept", DiskOptions(size_bytes=2 * MiB))
+    gone = be.create_volume("gone", DiskOptions(size_bytes=MiB))
+    be.close()
+    orphan = data / "volumes" / ("lv-" + "a" * 32 + ".img")
+    orphan.write_bytes(b"interrupted create")
+    (data / "snapshots" / ("ls-" + "b" * 32 + ".img")).write_bytes(b"x")
+    os.truncate(data / "volumes" / f"{kept.id}.img", MiB)  # expand recorded, file not yet grown
+    os.unlink(data / "volumes" / f"{gone.id}.img")
+    be = open_backend(data)
+    assert volume_files(data) == [f"{kept.id}.img"]
+    assert os.listdir(data / "snapshots") == []
+    assert os.stat(be.volume_path(kept.id)).st_size == 2 * MiB
+    assert be.get_volume(kept.id).condition.abnormal is False
+    cond = be.get_volume(gone.id).condition
+    assert cond.abnormal and "missing" in cond.message
+    be.close()
+
+
+def test_node_process_does_not_reconcile(data: Path) -> None:
+    open_backend(data).close()
+    orphan = data / "volumes" / ("lv-" + "c" * 32 + ".img")
+    orphan.write_bytes(b"being created by the controller")
+    open_backend(data, reconcile=False).close()
+    assert orphan.exists()
+
+
+def test_resolve_device_attaches_refreshes_and_verifies(data: Path) -> None:
+    loop = FakeLoop()
+    be = open_backend(data, loop=loop)
+    vol = be.create_volume("v", DiskOptions(size_bytes=MiB))
+    ctx = be.attach(vol.id, "node-1", False)
+    dev = be.resolve_device(vol.id, ctx)
+    assert loop.devices[dev] == be.volume_path(vol.id)
+    assert be.resolve_device(vol.id, ctx) == dev and loop.refreshed == []
+    be.expand_volume(vol.id, 2 * MiB)
+    assert be.resolve_device(vol.id, ctx) == dev and loop.refreshed == [dev]
+    with pytest.raises(base.FailedPreconditionError):
+        be.resolve_device(vol.id, {keys.PC_VOLUME_FILE: "/elsewhere.img"})
+    loop.lie = "/some/other/file"
+    with pytest.raises(base.FailedPreconditionError, match="not volume"):
+        be.resolve_device(vol.id, ctx)
+    be.release_device(vol.id)
+    assert loop.devices == {}
+    be.close()
+
+
+def test_node_identity_reports_topology(data: Path) -> None:
+    be = open_backend(data, region="r1", node_id="n7")
+    ident = be.node_identity()
+    assert (ident.node_id, dict(ident.topology)) == ("n7", {ZONE_KEY: "z1", REGION_KEY: "r1"})
+    assert ident.max_volumes > 0
+    be.close()
