@@ -54,7 +54,7 @@ from csi.backends.local_state import AttachmentRow, GroupRow, NameTaken, Snapsho
 if TYPE_CHECKING:
     from csi.config import Config
 
-VOLUME_ID = re.compile(r"lv-[0-9a-f]{32}")
+VOLUME_ID = re.compile(r"(?:lv|vol)-[0-9a-f]{32}")  # vol-: EBS spelling, see `volume_prefix`
 SNAPSHOT_ID = re.compile(r"ls-[0-9a-f]{32}")
 GROUP_ID = re.compile(r"lg-[0-9a-f]{32}")
 VOLUME_TOKEN = re.compile(r"lvt-([0-9]{1,18})")
@@ -110,6 +110,8 @@ class LocalBackend(Backend):
         self.capacity_limit = capacity_bytes
         self.node_id = node_id
         self.max_volumes = max_volumes_per_node or DEFAULT_MAX_VOLUMES
+        # Standing in for EBS, ids look like EBS ids so migrated `aws://<zone>/vol-...` handles translate.
+        self.volume_prefix = "vol-" if driver_name == "ebs.csi.aws.com" else "lv-"
         self.topology = {keys.topology_zone_key(driver_name): zone}
         if region:
             self.topology[keys.topology_region_key(driver_name)] = region
@@ -290,7 +292,7 @@ class LocalBackend(Backend):
                     f"{options.size_bytes} bytes requested, {max(0, self.capacity_limit - used)} of the "
                     f"--capacity limit {self.capacity_limit} left"
                 )
-        volume_id = "lv-" + secrets.token_hex(16)
+        volume_id = self.volume_prefix + secrets.token_hex(16)
         path = self.volume_path(volume_id)
         if options.source is None:
             files.create_sparse(path, options.size_bytes)
