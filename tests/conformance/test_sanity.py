@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conformance.conftest import run_sanity, running_driver, write_yaml_map
+from tests.conformance.conftest import run_sanity, write_yaml_map
+from tests.conformance.driver import running_driver
 from tests.conftest import require_tool
 
 pytestmark = pytest.mark.slow
