@@ -1,0 +1,259 @@
+"""The controller and group controller over a real unix socket: the driver runs as a subprocess with
+the local backend, and every check looks at both the gRPC answers and the files in the data dir."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+import pytest
+
+from csi._proto import csi_pb2
+from tests.conformance.driver import NODE_ID, Driver, running_driver
+from tests.csiclient import CsiClient, assert_code, connect
+
+AM = csi_pb2.VolumeCapability.AccessMode
+Code = grpc.StatusCode
+MiB, GiB = 1024**2, 1024**3
+MOUNT = csi_pb2.VolumeCapability(
+    mount=csi_pb2.VolumeCapability.MountVolume(), access_mode=AM(mode=AM.SINGLE_NODE_WRITER)
+)
+BLOCK = csi_pb2.VolumeCapability(
+    block=csi_pb2.VolumeCapability.BlockVolume(), access_mode=AM(mode=AM.SINGLE_NODE_WRITER)
+)
+
+
+@pytest.fixture
+def workdir() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="ctl-") as d:  # short: unix socket paths are limited
+        yield Path(d)
+
+
+@pytest.fixture
+def driver(workdir: Path) -> Iterator[Driver]:
+    with running_driver(workdir, "--mode", "controller") as d:
+        yield d
+
+
+@pytest.fixture
+def client(driver: Driver) -> Iterator[CsiClient]:
+    c = connect(driver.endpoint)
+    yield c
+    c.close()
+
+
+def create(c: CsiClient, name: str, size: int = 16 * MiB, **kw: object) -> csi_pb2.Volume:
+    req = csi_pb2.CreateVolumeRequest(
+        name=name,
+        volume_capabilities=[kw.pop("cap", MOUNT)],  # type: ignore[list-item]
+        capacity_range=csi_pb2.CapacityRange(required_bytes=size),
+        **kw,  # type: ignore[arg-type]
+    )
+    return c.controller.CreateVolume(req, timeout=30).volume
+
+
+def volume_file(driver: Driver, volume_id: str) -> Path:
+    return driver.data_dir / "volumes" / f"{volume_id}.img"
+
+
+def test_full_controller_journey(driver: Driver, client: CsiClient) -> None:
+    c = client.controller
+    vol = create(client, "pvc-data", parameters={"csi.storage.k8s.io/fstype": "ext4"})
+    path = volume_file(driver, vol.volume_id)
+    assert path.stat().st_size == 16 * MiB and dict(vol.volume_context) == {"fsType": "ext4"}
+    with open(path, "r+b") as f:
+        f.write(b"journey")
+
+    pub = c.ControllerPublishVolume(
+        csi_pb2.ControllerPublishVolumeRequest(
+            volume_id=vol.volume_id, node_id=NODE_ID, volume_capability=MOUNT
+        )
+    )
+    assert Path(pub.publish_context["volumeFile"]) == path
+    listed = {e.volume.volume_id: e for e in c.ListVolumes(csi_pb2.ListVolumesRequest()).entries}
+    assert list(listed[vol.volume_id].status.published_node_ids) == [NODE_ID]
+
+    grown = c.ControllerExpandVolume(
+        csi_pb2.ControllerExpandVolumeRequest(
+            volume_id=vol.volume_id, capacity_range=csi_pb2.CapacityRange(required_bytes=32 * MiB)
+        )
+    )
+    assert grown.capacity_bytes == 32 * MiB and grown.node_expansion_required
+    assert path.stat().st_size == 32 * MiB
+
+    snap = c.CreateSnapshot(
+        csi_pb2.CreateSnapshotRequest(name="snap-1", source_volume_id=vol.volume_id)
+    ).snapshot
+    restored = create(
+        client,
+        "pvc-restored",
+        size=64 * MiB,
+        volume_content_source=csi_pb2.VolumeContentSource(
+            snapshot=csi_pb2.VolumeContentSource.SnapshotSource(snapshot_id=snap.snapshot_id)
+        ),
+    )
+    assert restored.content_source.snapshot.snapshot_id == snap.snapshot_id
+    assert volume_file(driver, restored.volume_id).read_bytes()[:7] == b"journey"
+    clone = create(
+        client,
+        "pvc-clone",
+        size=32 * MiB,
+        cap=BLOCK,
+        volume_content_source=csi_pb2.VolumeContentSource(
+            volume=csi_pb2.VolumeContentSource.VolumeSource(volume_id=vol.volume_id)
+        ),
+    )
+    assert volume_file(driver, clone.volume_id).read_bytes()[:7] == b"journey"
+
+    group = client.group.CreateVolumeGroupSnapshot(
+        csi_pb2.CreateVolumeGroupSnapshotRequest(name="g", source_volume_ids=[vol.volume_id, clone.volume_id])
+    ).group_snapshot
+    assert len(group.snapshots) == 2
+
+    assert_code(
+        c.DeleteVolume,
+        csi_pb2.DeleteVolumeRequest(volume_id=vol.volume_id),
+        Code.FAILED_PRECONDITION,
+        contains=NODE_ID,
+    )
+    c.ControllerUnpublishVolume(
+        csi_pb2.ControllerUnpublishVolumeRequest(volume_id=vol.volume_id, node_id=NODE_ID)
+    )
+    client.group.DeleteVolumeGroupSnapshot(
+        csi_pb2.DeleteVolumeGroupSnapshotRequest(group_snapshot_id=group.group_snapshot_id)
+    )
+    c.DeleteSnapshot(csi_pb2.DeleteSnapshotRequest(snapshot_id=snap.snapshot_id))
+    for v in (vol, restored, clone):
+        c.DeleteVolume(csi_pb2.DeleteVolumeRequest(volume_id=v.volume_id))
+    assert os.listdir(driver.data_dir / "volumes") == []
+    assert os.listdir(driver.data_dir / "snapshots") == []
+
+
+@pytest.mark.parametrize(
+    ("rpc", "request_", "code"),
+    [
+        pytest.param(
+            "DeleteVolume",
+            csi_pb2.DeleteVolumeRequest(volume_id="../../etc/passwd"),
+            Code.OK,
+            id="delete-path-traversal-id-is-a-no-op",
+        ),
+        pytest.param(
+            "ControllerGetVolume",
+            csi_pb2.ControllerGetVolumeRequest(volume_id="lv-\0"),
+            Code.NOT_FOUND,
+            id="nul-in-id",
+        ),
+        pytest.param(
+            "ControllerPublishVolume",
+            csi_pb2.ControllerPublishVolumeRequest(
+                volume_id="../x", node_id=NODE_ID, volume_capability=MOUNT
+            ),
+            Code.NOT_FOUND,
+            id="publish-traversal",
+        ),
+        pytest.param(
+            "ListVolumes",
+            csi_pb2.ListVolumesRequest(starting_token="bogus"),
+            Code.ABORTED,
+            id="foreign-token",
+        ),
+        pytest.param(
+            "CreateVolume",
+            csi_pb2.CreateVolumeRequest(name="v", volume_capabilities=[MOUNT], parameters={"shiny": "yes"}),
+            Code.INVALID_ARGUMENT,
+            id="unknown-parameter",
+        ),
+        pytest.param(
+            "CreateVolume",
+            csi_pb2.CreateVolumeRequest(name="n" * 129, volume_capabilities=[MOUNT]),
+            Code.INVALID_ARGUMENT,
+            id="name-too-long",
+        ),
+    ],
+)
+def test_error_codes_over_the_wire(
+    driver: Driver, client: CsiClient, rpc: str, request_: object, code: Code
+) -> None:
+    call = getattr(client.controller, rpc)
+    if code == Code.OK:
+        call(request_, timeout=10)
+    else:
+        assert_code(call, request_, code)
+    assert os.listdir(driver.data_dir / "volumes") == []
+    assert not (driver.data_dir.parent / "etc").exists()
+
+
+def test_concurrent_duplicate_creates_make_one_volume(driver: Driver, client: CsiClient) -> None:
+    def attempt(_: int) -> str:
+        try:
+            return create(client, "same-name").volume_id
+        except grpc.RpcError as err:
+            assert err.code() == Code.ABORTED, err
+            return ""
+
+    with futures.ThreadPoolExecutor(8) as pool:
+        ids = {i for i in pool.map(attempt, range(32)) if i}
+    assert len(ids) == 1
+    assert os.listdir(driver.data_dir / "volumes") == [f"{ids.pop()}.img"]
+
+
+def test_state_survives_a_restart_and_a_vanished_file_is_abnormal(workdir: Path) -> None:
+    with running_driver(workdir, "--mode", "controller") as d:
+        c = connect(d.endpoint)
+        keep = create(c, "keep")
+        lost = create(c, "lost")
+        c.controller.ControllerPublishVolume(
+            csi_pb2.ControllerPublishVolumeRequest(
+                volume_id=keep.volume_id, node_id=NODE_ID, volume_capability=MOUNT
+            )
+        )
+        c.close()
+    volume_file(d, lost.volume_id).unlink()
+    with running_driver(workdir, "--mode", "controller") as d2:
+        c = connect(d2.endpoint)
+        entries = {
+            e.volume.volume_id: e for e in c.controller.ListVolumes(csi_pb2.ListVolumesRequest()).entries
+        }
+        assert set(entries) == {keep.volume_id, lost.volume_id}
+        assert list(entries[keep.volume_id].status.published_node_ids) == [NODE_ID]
+        got = c.controller.ControllerGetVolume(csi_pb2.ControllerGetVolumeRequest(volume_id=lost.volume_id))
+        assert got.status.volume_condition.abnormal
+        assert "missing" in got.status.volume_condition.message
+        assert create(c, "keep").volume_id == keep.volume_id
+        c.close()
+
+
+def test_capacity_and_topology_flags(workdir: Path) -> None:
+    with running_driver(
+        workdir, "--mode", "controller", "--capacity", "64Mi", "--zone", "z1", "--region", "r1"
+    ) as d:
+        c = connect(d.endpoint)
+        cap = c.controller.GetCapacity(csi_pb2.GetCapacityRequest())
+        assert cap.available_capacity == 64 * MiB
+        vol = create(c, "placed", size=48 * MiB)
+        assert dict(vol.accessible_topology[0].segments) == {
+            "topology.local.csi.ballast.dev/zone": "z1",
+            "topology.local.csi.ballast.dev/region": "r1",
+        }
+        assert c.controller.GetCapacity(csi_pb2.GetCapacityRequest()).available_capacity == 16 * MiB
+        full = csi_pb2.CreateVolumeRequest(
+            name="too-big",
+            volume_capabilities=[MOUNT],
+            capacity_range=csi_pb2.CapacityRange(required_bytes=GiB),
+        )
+        assert_code(c.controller.CreateVolume, full, Code.RESOURCE_EXHAUSTED)
+        elsewhere = csi_pb2.CreateVolumeRequest(
+            name="elsewhere",
+            volume_capabilities=[MOUNT],
+            capacity_range=csi_pb2.CapacityRange(required_bytes=MiB),
+            accessibility_requirements=csi_pb2.TopologyRequirement(
+                requisite=[csi_pb2.Topology(segments={"topology.local.csi.ballast.dev/zone": "z2"})]
+            ),
+        )
+        assert_code(c.controller.CreateVolume, elsewhere, Code.RESOURCE_EXHAUSTED, contains="topology")
+        c.close()
