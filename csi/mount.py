@@ -32,6 +32,7 @@ from csi.errors import InvalidArgument
 # Program -> Debian package that ships it (the Dockerfile installs exactly these packages).
 REQUIRED_TOOLS: dict[str, str] = {
     "blkid": "util-linux",
+    "partx": "util-linux",
     "mount": "mount",
     "umount": "mount",
     "losetup": "mount",
@@ -492,16 +493,19 @@ class Mounter:
         if result.returncode != 0:
             raise _fail(result, f"mkfs.{fs_type} on {device}")
 
-    def fsck(self, device: str, fs_type: str) -> None:
-        """Repair what is safe to repair (e2fsck -p). xfs is not checked: it replays its log on mount."""
+    def fsck(self, device: str, fs_type: str, *, full: bool = False) -> None:
+        """Repair what is safe to repair (e2fsck -p; `full` forces a complete check, as an offline
+        resize2fs demands). xfs is not checked: it replays its log on mount."""
         if fs_type not in EXT_TYPES:
             return
-        result = self.runner(["e2fsck", "-p", device], timeout=1800)
+        argv = ["e2fsck", "-f", "-p", device] if full else ["e2fsck", "-p", device]
+        result = self.runner(argv, timeout=1800)
         if result.returncode & ~3:  # 1: errors corrected, 2: corrected, reboot advised
             raise _fail(result, f"e2fsck on {device} found errors it cannot fix safely; repair it by hand")
 
     def grow(self, device: str, mount_point: str, fs_type: str) -> None:
-        """Grow a mounted filesystem to fill its device. Already full size -> no-op."""
+        """Grow a filesystem to fill its device (xfs: mounted at `mount_point`; ext*: mounted or not).
+        Already full size -> no-op. Online ext* growth needs CAP_SYS_RESOURCE."""
         if fs_type in EXT_TYPES:
             result = self.runner(["resize2fs", device], timeout=1800)
         else:
@@ -515,6 +519,11 @@ class Mounter:
             self.runner(["udevadm", "settle", "--timeout=10"], timeout=15)
         except MountError:
             return
+
+    def add_partitions(self, device: str) -> None:
+        """Ask the kernel to create nodes for the partitions blkid reads on `device` (partx --add);
+        for kernels without the partition-table parser. Failures are left to the caller's check."""
+        self.runner(["partx", "--add", device], timeout=60)
 
     # ---- mount / unmount
 

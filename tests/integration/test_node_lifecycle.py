@@ -1,0 +1,340 @@
+"""Node RPCs on real loop devices, real filesystems and real mounts (root only)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import struct
+
+import grpc
+import pytest
+
+from csi import loop
+from csi._proto import csi_pb2
+from csi.mount import Mounter
+from tests.conftest import in_ci, require_tool
+from tests.csiclient import assert_code
+from tests.integration.conftest import MiB, NodeEnv, block_cap, mount_cap
+
+AccessMode = csi_pb2.VolumeCapability.AccessMode
+Usage = csi_pb2.VolumeUsage
+
+FS_SIZES = [
+    pytest.param("ext4", 64 * MiB, id="ext4"),
+    pytest.param("xfs", 320 * MiB, id="xfs"),
+]
+
+
+def _need(fs_type: str) -> None:
+    require_tool(f"mkfs.{fs_type}")
+    if fs_type == "xfs":
+        require_tool("xfs_growfs")
+
+
+def _need_online_ext_resize(fs_type: str) -> None:
+    """Online ext* growth is the kernel's EXT4_IOC_RESIZE_FS, which demands CAP_SYS_RESOURCE."""
+    with open("/proc/self/status") as fh:
+        caps = next(int(line.split()[1], 16) for line in fh if line.startswith("CapEff:"))
+    if fs_type != "xfs" and not caps & (1 << 24):
+        message = "online ext4 resize needs CAP_SYS_RESOURCE, which this process lacks"
+        if in_ci():
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+
+
+def _stats(env: NodeEnv, volume_id: str, path: str) -> csi_pb2.NodeGetVolumeStatsResponse:
+    response: csi_pb2.NodeGetVolumeStatsResponse = env.client.node.NodeGetVolumeStats(
+        csi_pb2.NodeGetVolumeStatsRequest(volume_id=volume_id, volume_path=path), timeout=30
+    )
+    return response
+
+
+def _mounted(path: str) -> bool:
+    return Mounter().mount_at(path) is not None
+
+
+@pytest.mark.parametrize(("fs_type", "size"), FS_SIZES)
+def test_mount_lifecycle_is_idempotent_at_every_step(node_env: NodeEnv, fs_type: str, size: int) -> None:
+    _need(fs_type)
+    vol = node_env.volume(size)
+    cap = mount_cap(fs_type)
+    node_env.stage(vol, cap)
+    node_env.stage(vol, cap)  # twice -> OK
+    info = Mounter().mount_at(vol.staging)
+    assert info is not None and info.fs_type == fs_type
+    node_env.publish(vol, cap)
+    node_env.publish(vol, cap)  # twice -> OK
+    with open(os.path.join(vol.target, "hello.txt"), "w") as fh:
+        fh.write("data")
+    assert os.path.exists(os.path.join(vol.staging, "hello.txt")), "target is a bind of the staging mount"
+
+    stats = _stats(node_env, vol.id, vol.target)
+    by_unit = {u.unit: u for u in stats.usage}
+    assert 0 < by_unit[Usage.BYTES].used < by_unit[Usage.BYTES].total <= size
+    assert by_unit[Usage.INODES].total > by_unit[Usage.INODES].available > 0
+    assert not stats.volume_condition.abnormal
+
+    node_env.unpublish(vol)
+    assert not os.path.exists(vol.target), "unpublish removes the target"
+    node_env.unpublish(vol)  # not mounted -> OK
+    node_env.unstage(vol)
+    assert not _mounted(vol.staging)
+    node_env.unstage(vol)  # not staged -> OK
+    assert not loop._devices_for(os.stat(vol.file)), "unstage releases the loop device"
+
+
+def test_block_volume_is_a_device_node_at_the_target(node_env: NodeEnv) -> None:
+    vol = node_env.volume(32 * MiB)
+    cap = block_cap()
+    node_env.stage(vol, cap)
+    node_env.publish(vol, cap)
+    node_env.publish(vol, cap)
+    st = os.stat(vol.target)
+    assert stat.S_ISBLK(st.st_mode)
+    (device,) = loop._devices_for(os.stat(vol.file))
+    assert st.st_rdev == os.stat(device).st_rdev
+    fd = os.open(vol.target, os.O_WRONLY)
+    try:
+        os.pwrite(fd, b"raw block", 4096)
+    finally:
+        os.close(fd)
+    with open(vol.file, "rb") as fh:
+        fh.seek(4096)
+        assert fh.read(9) == b"raw block", "writes through the target reach the volume's file"
+    stats = _stats(node_env, vol.id, vol.target)
+    assert [(u.unit, u.total) for u in stats.usage] == [(Usage.BYTES, 32 * MiB)]
+    expanded = node_env.client.node.NodeExpandVolume(
+        csi_pb2.NodeExpandVolumeRequest(volume_id=vol.id, volume_path=vol.target, volume_capability=cap)
+    )
+    assert expanded.capacity_bytes == 32 * MiB
+    node_env.unpublish(vol)
+    assert not os.path.lexists(vol.target)
+    node_env.unstage(vol)
+
+
+def test_readonly_publish_refuses_writes(node_env: NodeEnv) -> None:
+    vol = node_env.volume()
+    cap = mount_cap()
+    node_env.stage(vol, cap)
+    node_env.publish(vol, cap, readonly=True)
+    with pytest.raises(OSError) as err:
+        open(os.path.join(vol.target, "x"), "w").close()
+    assert err.value.errno == errno.EROFS
+    info = Mounter().mount_at(vol.target)
+    assert info is not None and info.readonly
+    # the same target with other options -> ALREADY_EXISTS
+    request = csi_pb2.NodePublishVolumeRequest(
+        volume_id=vol.id,
+        staging_target_path=vol.staging,
+        target_path=vol.target,
+        volume_capability=cap,
+        readonly=False,
+    )
+    assert_code(node_env.client.node.NodePublishVolume, request, grpc.StatusCode.ALREADY_EXISTS)
+
+
+def test_stage_with_an_incompatible_capability_is_already_exists(node_env: NodeEnv) -> None:
+    vol = node_env.volume()
+    node_env.stage(vol, mount_cap("ext4"))
+    request = csi_pb2.NodeStageVolumeRequest(
+        volume_id=vol.id,
+        staging_target_path=vol.staging,
+        volume_capability=mount_cap("ext4", mode=AccessMode.SINGLE_NODE_READER_ONLY),
+        publish_context=vol.publish_context,
+    )
+    assert_code(node_env.client.node.NodeStageVolume, request, grpc.StatusCode.ALREADY_EXISTS)
+
+
+@pytest.mark.parametrize(("fs_type", "size"), FS_SIZES)
+def test_existing_filesystem_is_never_reformatted(node_env: NodeEnv, fs_type: str, size: int) -> None:
+    _need(fs_type)
+    vol = node_env.volume(size)
+    cap = mount_cap(fs_type)
+    node_env.stage(vol, cap)
+    node_env.publish(vol, cap)
+    with open(os.path.join(vol.target, "keep.txt"), "w") as fh:
+        fh.write("precious")
+    node_env.unpublish(vol)
+    node_env.unstage(vol)
+
+    other = "xfs" if fs_type == "ext4" else "ext4"
+    request = csi_pb2.NodeStageVolumeRequest(
+        volume_id=vol.id,
+        staging_target_path=vol.staging,
+        volume_capability=mount_cap(other),
+        publish_context=vol.publish_context,
+    )
+    assert_code(
+        node_env.client.node.NodeStageVolume, request, grpc.StatusCode.FAILED_PRECONDITION, contains=fs_type
+    )
+    assert not _mounted(vol.staging)
+
+    node_env.stage(vol, cap)
+    node_env.publish(vol, cap)
+    with open(os.path.join(vol.target, "keep.txt")) as fh:
+        assert fh.read() == "precious"
+
+
+def _write_mbr(path: str, start_sector: int, sectors: int) -> None:
+    entry = struct.pack("<B3sB3sII", 0, b"\0\0\0", 0x83, b"\0\0\0", start_sector, sectors)
+    with open(path, "r+b") as fh:
+        fh.seek(446)
+        fh.write(entry)
+        fh.seek(510)
+        fh.write(b"\x55\xaa")
+
+
+def test_partition_table_is_never_formatted_and_partition_attribute_selects_one(node_env: NodeEnv) -> None:
+    vol = node_env.volume(64 * MiB)
+    _write_mbr(vol.file, 2048, (64 * MiB // 512) - 2048)
+    cap = mount_cap()
+    request = csi_pb2.NodeStageVolumeRequest(
+        volume_id=vol.id, staging_target_path=vol.staging, volume_capability=cap
+    )
+    node_env.staged[vol.id] = vol.staging
+    assert_code(
+        node_env.client.node.NodeStageVolume,
+        request,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        contains="partition",
+    )
+    with open(vol.file, "rb") as fh:
+        fh.seek(510)
+        assert fh.read(2) == b"\x55\xaa", "the partition table is untouched"
+
+    node_env.stage(vol, cap, context={"partition": "1"})
+    info = Mounter().mount_at(vol.staging)
+    assert info is not None and info.source.endswith("p1")
+    node_env.publish(vol, cap, context={"partition": "1"})
+    stats = _stats(node_env, vol.id, vol.target)
+    assert not stats.volume_condition.abnormal
+    assert stats.usage[0].total < 63 * MiB
+
+
+def test_restart_between_stage_and_publish(node_env: NodeEnv) -> None:
+    vol = node_env.volume()
+    cap = mount_cap()
+    node_env.stage(vol, cap)
+    node_env.restart()
+    node_env.stage(vol, cap)  # kubelet may repeat it after a restart
+    node_env.publish(vol, cap)
+    assert _mounted(vol.target)
+    stats = _stats(node_env, vol.id, vol.target)
+    assert not stats.volume_condition.abnormal
+
+
+def test_restart_between_stage_and_publish_block(node_env: NodeEnv) -> None:
+    vol = node_env.volume(16 * MiB)
+    cap = block_cap()
+    node_env.stage(vol, cap)
+    node_env.restart()
+    node_env.publish(vol, cap)
+    assert stat.S_ISBLK(os.stat(vol.target).st_mode)
+
+
+@pytest.mark.parametrize(("fs_type", "size"), FS_SIZES)
+def test_expansion_grows_the_mounted_filesystem(node_env: NodeEnv, fs_type: str, size: int) -> None:
+    _need(fs_type)
+    _need_online_ext_resize(fs_type)
+    vol = node_env.volume(size)
+    cap = mount_cap(fs_type)
+    node_env.stage(vol, cap)
+    node_env.publish(vol, cap)
+    before = os.statvfs(vol.target)
+    new_size = size + 128 * MiB
+    node_env.driver.backend.expand_volume(vol.id, new_size)
+    response = node_env.client.node.NodeExpandVolume(
+        csi_pb2.NodeExpandVolumeRequest(
+            volume_id=vol.id,
+            volume_path=vol.target,
+            capacity_range=csi_pb2.CapacityRange(required_bytes=new_size),
+            volume_capability=cap,
+        ),
+        timeout=120,
+    )
+    assert response.capacity_bytes == new_size
+    after = os.statvfs(vol.target)
+    grown = (after.f_blocks - before.f_blocks) * after.f_frsize
+    assert grown > 100 * MiB, f"filesystem grew by only {grown} bytes"
+
+
+@pytest.mark.parametrize(("fs_type", "size"), FS_SIZES)
+def test_stage_grows_a_filesystem_smaller_than_its_device(node_env: NodeEnv, fs_type: str, size: int) -> None:
+    _need(fs_type)
+    vol = node_env.volume(size)
+    cap = mount_cap(fs_type)
+    node_env.stage(vol, cap)
+    before = os.statvfs(vol.staging)
+    node_env.unstage(vol)
+    node_env.driver.backend.expand_volume(vol.id, size + 64 * MiB)
+    node_env.stage(vol, cap)
+    after = os.statvfs(vol.staging)
+    grown = (after.f_blocks - before.f_blocks) * after.f_frsize
+    assert grown > 48 * MiB, f"stage grew the filesystem by only {grown} bytes"
+
+
+def test_expand_beyond_the_device_is_out_of_range(node_env: NodeEnv) -> None:
+    vol = node_env.volume()
+    cap = mount_cap()
+    node_env.stage(vol, cap)
+    node_env.publish(vol, cap)
+    request = csi_pb2.NodeExpandVolumeRequest(
+        volume_id=vol.id,
+        volume_path=vol.target,
+        capacity_range=csi_pb2.CapacityRange(required_bytes=1024 * MiB),
+    )
+    assert_code(node_env.client.node.NodeExpandVolume, request, grpc.StatusCode.OUT_OF_RANGE)
+
+
+def test_stats_condition_is_abnormal_when_the_path_is_not_the_volume(node_env: NodeEnv) -> None:
+    vol = node_env.volume()
+    cap = mount_cap()
+    node_env.stage(vol, cap)
+    elsewhere = node_env.kubelet / "pods" / "plain-dir"
+    elsewhere.mkdir(parents=True)
+    stats = _stats(node_env, vol.id, str(elsewhere))
+    assert stats.volume_condition.abnormal
+    assert "not a mount" in stats.volume_condition.message
+    missing = csi_pb2.NodeGetVolumeStatsRequest(volume_id=vol.id, volume_path=str(elsewhere / "nope"))
+    assert_code(node_env.client.node.NodeGetVolumeStats, missing, grpc.StatusCode.NOT_FOUND)
+
+
+def test_unpublish_and_unstage_of_never_mounted_paths_are_ok(node_env: NodeEnv) -> None:
+    vol = node_env.volume()
+    node_env.unpublish(vol)
+    node_env.unstage(vol)
+    assert not os.path.exists(vol.target)
+
+
+def test_single_writer_volume_cannot_be_published_twice(node_env: NodeEnv) -> None:
+    vol = node_env.volume()
+    cap = mount_cap(mode=AccessMode.SINGLE_NODE_SINGLE_WRITER)
+    node_env.stage(vol, cap)
+    node_env.publish(vol, cap)
+    other = str(node_env.kubelet / "pods" / "other" / "mount")
+    request = csi_pb2.NodePublishVolumeRequest(
+        volume_id=vol.id,
+        staging_target_path=vol.staging,
+        target_path=other,
+        volume_capability=cap,
+    )
+    assert_code(node_env.client.node.NodePublishVolume, request, grpc.StatusCode.FAILED_PRECONDITION)
+    assert not os.path.exists(other)
+
+
+def test_unstage_refuses_while_still_published(node_env: NodeEnv) -> None:
+    vol = node_env.volume()
+    cap = mount_cap()
+    node_env.stage(vol, cap)
+    node_env.publish(vol, cap)
+    request = csi_pb2.NodeUnstageVolumeRequest(volume_id=vol.id, staging_target_path=vol.staging)
+    assert_code(node_env.client.node.NodeUnstageVolume, request, grpc.StatusCode.FAILED_PRECONDITION)
+    assert _mounted(vol.staging) and _mounted(vol.target)
+
+
+def test_node_info_reports_id_limit_and_topology(node_env: NodeEnv) -> None:
+    info = node_env.client.node.NodeGetInfo(csi_pb2.NodeGetInfoRequest())
+    assert info.node_id == "itest-node"
+    assert info.max_volumes_per_node > 0
+    assert dict(info.accessible_topology.segments) == {"topology.local.csi.ballast.dev/zone": "local"}
