@@ -23,7 +23,7 @@ import grpc
 from csi import keys, mount
 from csi._proto import csi_pb2, csi_pb2_grpc
 from csi.backends.base import Backend, DiskOptions, NotFoundError
-from csi.paths import check_path
+from csi.paths import check_path, under_roots
 from shim.router import MigrationError, Provisioned, ProvisionRequest, Volume
 
 log = logging.getLogger("ballast.migration")
@@ -256,12 +256,13 @@ class LegacyPath:
         size = max(request.size_bytes or caps.default_size, caps.min_size)
         size = -(-size // granularity) * granularity
         context = {keys.VC_FS_TYPE: mount.check_fs_type(request.fs_type)} if request.fs_type else {}
-        options = DiskOptions(
+        params = {k: v for k, v in request.parameters.items() if not k.startswith(keys.PREFIX_K8S)}
+        options = DiskOptions(  # built as CreateVolume builds it, so a retry on the other path matches
             size_bytes=size,
-            parameters=self._backend.validate_parameters(request.parameters),
+            parameters=self._backend.validate_parameters(params),
             context=context,
-            requisite=request.requisite,
-            preferred=request.requisite,
+            requisite=[dict(s) for s in request.requisite],
+            preferred=[dict(s) for s in request.requisite],
         )
         disk = self._backend.create_volume(request.name, options)
         return Provisioned(disk.id, disk.size_bytes, dict(disk.topology), dict(disk.volume_context))
@@ -325,9 +326,21 @@ class LegacyPath:
 
     def unmount_device(self, volume: Volume, staging_path: str) -> None:
         check_path(staging_path, "staging path", self._roots)
+        current = self._mounter.mount_at(staging_path)
+        if current is not None:
+            others = [
+                m.mount_point
+                for m in self._mounter.mounts()
+                if (m.major, m.minor, m.root) == (current.major, current.minor, current.root)
+                and m.mount_point != staging_path
+                and under_roots(m.mount_point, self._roots)
+            ]
+            if others:
+                raise DeviceError(f"volume {volume.handle} is still mounted at {others[0]}; unmount it first")
         while self._mounter.unmount(staging_path):
             pass
-        self._backend.release_device(volume.handle)
+        with contextlib.suppress(NotFoundError):
+            self._backend.release_device(volume.handle)
         remove_staging_dirs(staging_path)
 
     def mount(

@@ -304,8 +304,8 @@ class Router:
         self._csi = csi
         self._legacy = dict(legacy)
         self._kubelet_dir = kubelet_dir
-        self.locks = locks or MigrationLocks()
-        self._translator = translator or Translator()
+        self.locks = locks if locks is not None else MigrationLocks()
+        self._translator = translator if translator is not None else Translator()
         self._on_route = on_route
 
     # ---- resolution

@@ -3,6 +3,7 @@ rollback, with fake paths; and the legacy path against FakeBackend and a fake mo
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import threading
@@ -398,6 +399,27 @@ def test_lock_files_serialise_separate_lock_tables(tmp_path: Path) -> None:
     assert path is not None and os.path.dirname(path) == str(tmp_path)
 
 
+def test_router_holds_the_lock_file_of_the_volume_during_an_operation(setup: Setup, tmp_path: Path) -> None:
+    """Another process (here: another lock table on the same dir) cannot take the volume mid-operation."""
+    release, entered = threading.Event(), threading.Event()
+    setup.legacy.hold["attach"], setup.legacy.entered["attach"] = release, entered
+    attacher = threading.Thread(target=setup.router.attach, args=(VolumeSpec.of_pv(ebs_pv()), NODE))
+    attacher.start()
+    assert entered.wait(5)
+    other = MigrationLocks(str(tmp_path / "locks"))
+    path = other.lock_file(f"{EBS_CSI}/vol-1")
+    assert path is not None and os.path.exists(path)
+    fd = os.open(path, os.O_RDWR)
+    try:
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        release.set()
+        attacher.join(5)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free once the operation is over
+    finally:
+        os.close(fd)
+
+
 def test_unrelated_volumes_do_not_wait(tmp_path: Path) -> None:
     locks = MigrationLocks(str(tmp_path))
     with locks.hold("d/vol-1"):
@@ -481,6 +503,9 @@ class FakeMounter:
         source, fs = self.table[path]
         return MountInfo(1, 0, 7, 0, "/", path, ("rw",), fs, source, ())
 
+    def mounts(self) -> list[MountInfo]:
+        return [info for path in self.table if (info := self.mount_at(path)) is not None]
+
     def probe(self, device: str) -> Probe:
         self.calls.append(("probe", device))
         return self.found
@@ -550,6 +575,16 @@ def test_legacy_stage_formats_a_blank_device_once_and_publish_binds(legacy: Lega
     assert legacy.backend.volumes[vol.handle].attachments == ()
     assert not os.path.exists(legacy.target)
     assert not os.path.exists(os.path.dirname(legacy.staging))
+
+
+def test_legacy_unstage_refuses_while_published(legacy: Legacy) -> None:
+    lp, vol = legacy.path, legacy.volume
+    lp.mount_device(vol, {}, legacy.staging)
+    lp.mount(vol, {}, legacy.staging, legacy.target)
+    with pytest.raises(DeviceError, match=r"still mounted at .*/pods/p/volumes/v/mount"):
+        lp.unmount_device(vol, legacy.staging)
+    assert set(legacy.mounter.table) == {legacy.staging, legacy.target}
+    assert legacy.backend.released == []
 
 
 def test_legacy_stage_never_formats_an_existing_filesystem(legacy: Legacy) -> None:
