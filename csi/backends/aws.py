@@ -136,6 +136,7 @@ class AwsBackend(Backend):
         self._sleep = sleep
         self._placement: Placement | None = None
         self._default_zone = ""
+        self._known_zones: list[str] = []
         self._copy_volumes = True  # False once the endpoint answered that it lacks CopyVolumes
         self.capabilities = BackendCapabilities(
             snapshots=True,
@@ -326,7 +327,18 @@ class AwsBackend(Backend):
         return min(volumes, key=lambda v: (v.get("CreateTime") or 0, v["VolumeId"]))
 
     def _pick_zone(self, options: DiskOptions) -> str:
-        """Preferred zone that satisfies requisite, else the first requisite zone, else the default."""
+        """A zone of this region: the first preferred one that satisfies requisite, else the first
+        requisite one, else the default. None of the requisite zones exists -> OutOfCapacityError."""
+        zone = self._choose_zone(options)
+        if not self._known_zones:
+            self._known_zones = self._zones()
+        if zone not in self._known_zones:
+            raise OutOfCapacityError(
+                f"zone {zone!r} is not an available zone of this region ({', '.join(self._known_zones)})"
+            )
+        return zone
+
+    def _choose_zone(self, options: DiskOptions) -> str:
 
         def zone_of(segment: Mapping[str, str]) -> str:
             for key in (self.zone_key, keys.WELL_KNOWN_ZONE, keys.LEGACY_ZONE):
@@ -530,7 +542,8 @@ class AwsBackend(Backend):
         return Page(items=[self._disk(v) for v in page.items], next_token=page.next_token)
 
     def expand_volume(self, volume_id: str, size_bytes: int) -> int:
-        """Grow to whole GiB, coalesced with a concurrent modify into one ModifyVolume."""
+        """Grow to whole GiB, coalesced with a concurrent modify into one ModifyVolume. Already that big
+        -> current size, no modification. Missing -> NotFoundError."""
         return self._modifier.submit(P.volume_id(volume_id), size_bytes=size_bytes).size_bytes
 
     def modify_volume(self, volume_id: str, mutable_parameters: Mapping[str, str]) -> Disk:
@@ -543,11 +556,7 @@ class AwsBackend(Backend):
         args: dict[str, Any] = {}
         if change.size_bytes is not None:
             target = P.gib(change.size_bytes)
-            if target < current:
-                raise OutOfRangeError(
-                    f"volume {vid} is {current} GiB; EBS volumes cannot shrink to {target} GiB"
-                )
-            if target > current:
+            if target > current:  # not bigger: already satisfied (EBS volumes never shrink)
                 args["Size"] = target
         kind = change.parameters.get(P.TYPE, volume.get("VolumeType", P.DEFAULT_TYPE))
         if kind != volume.get("VolumeType"):

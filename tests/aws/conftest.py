@@ -1,0 +1,149 @@
+"""AWS backend fixtures: one moto EC2 server per session on 127.0.0.1, reset before each test, and boto3
+clients pointed at it over real HTTP with dummy credentials."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import boto3
+import pytest
+from botocore.config import Config as BotoConfig
+from moto import server as moto_server
+
+from csi.backends.aws import AwsBackend
+from csi.backends.aws_devices import DeviceFinder
+from csi.backends.aws_errors import Backoff
+
+REGION = "us-east-1"
+ZONE = "us-east-1a"
+OTHER_ZONE = "us-east-1b"
+
+
+@pytest.fixture(scope="session")
+def moto_endpoint() -> Iterator[str]:
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def account() -> str:
+    """A fresh 12-digit account id: moto keeps separate state per account, so every test starts empty
+    without resetting the shared server."""
+    return f"{random.randrange(10**11, 10**12)}"
+
+
+_SESSION: list[Any] = []
+
+
+def make_client(endpoint: str, account: str) -> Any:
+    """A boto3 EC2 client for moto over HTTP, dummy credentials, requests tagged with `account`.
+    Clients share one boto3 session so the EC2 service model is loaded once."""
+    if not _SESSION:
+        _SESSION.append(boto3.session.Session())
+    client = _SESSION[0].client(
+        "ec2",
+        region_name=REGION,
+        endpoint_url=endpoint,
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        config=BotoConfig(retries={"total_max_attempts": 1}),
+    )
+
+    def tag_account(request: Any, **kwargs: Any) -> None:
+        request.headers["x-moto-account-id"] = account
+
+    client.meta.events.register("before-sign.ec2", tag_account)
+    return client
+
+
+@pytest.fixture
+def ec2(moto_endpoint: str, account: str) -> Any:
+    """A plain client for arranging and inspecting state behind the backend's back."""
+    return make_client(moto_endpoint, account)
+
+
+@pytest.fixture
+def make_backend(moto_endpoint: str, account: str) -> Iterator[Callable[..., AwsBackend]]:
+    made: list[AwsBackend] = []
+
+    def build(**overrides: Any) -> AwsBackend:
+        options: dict[str, Any] = {
+            "zone": ZONE,
+            "node_id": "i-0123456789abcdef0",
+            "max_volumes": 0,
+            "imds": None,
+            "modify_window": 0.05,
+            "backoff": Backoff(attempts=4, initial=0.001, maximum=0.005),
+            "wait_timeout": 5.0,
+            "device_finder": DeviceFinder(root="/nonexistent", timeout=0, udev_lookup=lambda s: None),
+        }
+        options.update(overrides)
+        client = options.pop("client", None) or make_client(moto_endpoint, account)
+        backend = AwsBackend(client, **options)
+        made.append(backend)
+        return backend
+
+    yield build
+    for backend in made:
+        backend.close()
+
+
+@pytest.fixture
+def backend(make_backend: Callable[..., AwsBackend]) -> AwsBackend:
+    return make_backend()
+
+
+def run_instance(ec2: Any, zone: str = ZONE, instance_type: str = "m5.large") -> str:
+    image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    reservation = ec2.run_instances(
+        ImageId=image,
+        MinCount=1,
+        MaxCount=1,
+        InstanceType=instance_type,
+        Placement={"AvailabilityZone": zone},
+    )
+    return str(reservation["Instances"][0]["InstanceId"])
+
+
+@pytest.fixture
+def instance(ec2: Any) -> str:
+    """A running instance in ZONE (the node)."""
+    return run_instance(ec2)
+
+
+class _Http:
+    def __init__(self, status_code: int) -> None:
+        self.status_code = status_code
+        self.headers: dict[str, str] = {}
+
+
+def inject_errors(client: Any, operation: str, codes: list[str], status: int = 503) -> list[str]:
+    """Make the next len(codes) calls of `operation` (CamelCase) fail with these EC2 error codes before
+    they leave the client; later calls reach moto. Returns the list, which empties as errors are used."""
+
+    def fail(**kwargs: Any) -> Any:
+        if not codes:
+            return None
+        code = codes.pop(0)
+        return _Http(status), {"Error": {"Code": code, "Message": f"injected {code}"}, "ResponseMetadata": {}}
+
+    client.meta.events.register(f"before-call.ec2.{operation}", fail)
+    return codes
+
+
+def record_calls(client: Any, operation: str) -> list[dict[str, Any]]:
+    """Parameters of every `operation` call the client makes from now on (after validation)."""
+    seen: list[dict[str, Any]] = []
+
+    def record(params: dict[str, Any], **kwargs: Any) -> None:
+        seen.append(dict(params))
+
+    client.meta.events.register(f"provide-client-params.ec2.{operation}", record)
+    return seen

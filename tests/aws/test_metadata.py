@@ -1,0 +1,126 @@
+"""Node placement: IMDSv2 over real HTTP (a fake metadata server on 127.0.0.1) and overrides."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from csi.backends.aws_metadata import (
+    DEDICATED_LIMIT,
+    DEFAULT_LIMIT,
+    XEN_LIMIT,
+    Imds,
+    attach_limit,
+    resolve_placement,
+)
+from csi.backends.base import FailedPreconditionError
+
+TOKEN = "token-123"
+METADATA = {
+    "instance-id": "i-0abc1234def567890",
+    "placement/availability-zone": "eu-west-1b",
+    "instance-type": "m7i.large",
+}
+
+
+class FakeImds(BaseHTTPRequestHandler):
+    """IMDSv2: PUT /latest/api/token, then GETs that must carry the token."""
+
+    requests: list[str] = []
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+    def do_PUT(self) -> None:
+        self.requests.append("PUT " + self.path)
+        if self.path == "/latest/api/token" and self.headers.get("X-aws-ec2-metadata-token-ttl-seconds"):
+            self._reply(200, TOKEN)
+        else:
+            self._reply(400, "")
+
+    def do_GET(self) -> None:
+        self.requests.append("GET " + self.path)
+        if self.headers.get("X-aws-ec2-metadata-token") != TOKEN:
+            self._reply(401, "")
+            return
+        value = METADATA.get(self.path.removeprefix("/latest/meta-data/"))
+        self._reply(200 if value else 404, value or "")
+
+    def _reply(self, code: int, body: str) -> None:
+        self.send_response(code)
+        self.end_headers()
+        self.wfile.write(body.encode())
+
+
+@pytest.fixture
+def imds() -> Iterator[Imds]:
+    FakeImds.requests = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeImds)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield Imds(f"http://127.0.0.1:{server.server_address[1]}", timeout=2)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def test_everything_from_imdsv2(imds: Imds) -> None:
+    placement = resolve_placement(imds, node_id="ip-10-0-0-1", zone="local", max_volumes=0, env={})
+    assert (placement.node_id, placement.zone, placement.max_volumes) == (
+        "i-0abc1234def567890",
+        "eu-west-1b",
+        DEDICATED_LIMIT,
+    )
+    assert FakeImds.requests.count("PUT /latest/api/token") == 1  # one session token, reused
+
+
+def test_overrides_win_and_skip_metadata(imds: Imds) -> None:
+    placement = resolve_placement(
+        imds, node_id="i-0123456789abcdef0", zone="us-east-1c", max_volumes=7, env={}
+    )
+    assert (placement.node_id, placement.zone, placement.max_volumes) == (
+        "i-0123456789abcdef0",
+        "us-east-1c",
+        7,
+    )
+    assert FakeImds.requests == []
+
+
+def test_zone_from_environment(imds: Imds) -> None:
+    placement = resolve_placement(
+        imds,
+        node_id="i-0123456789abcdef0",
+        zone="local",
+        max_volumes=3,
+        env={"AWS_AVAILABILITY_ZONE": "us-west-2d"},
+    )
+    assert placement.zone == "us-west-2d"
+
+
+def test_no_metadata_and_no_zone_override_fails_with_advice() -> None:
+    unreachable = Imds("http://127.0.0.1:9", timeout=0.5)
+    with pytest.raises(FailedPreconditionError, match="AWS_AVAILABILITY_ZONE"):
+        resolve_placement(unreachable, node_id="i-0123456789abcdef0", zone="local", max_volumes=0, env={})
+
+
+def test_no_metadata_keeps_a_given_node_id_and_default_limit() -> None:
+    placement = resolve_placement(None, node_id="node-a", zone="us-east-1a", max_volumes=0, env={})
+    assert (placement.node_id, placement.max_volumes) == ("node-a", DEFAULT_LIMIT)
+
+
+@pytest.mark.parametrize(
+    ("instance_type", "limit"),
+    [
+        pytest.param("m5.large", DEFAULT_LIMIT, id="shared-nitro"),
+        pytest.param("m7i.2xlarge", DEDICATED_LIMIT, id="dedicated"),
+        pytest.param("t2.micro", XEN_LIMIT, id="xen"),
+        pytest.param("zz9.huge", DEFAULT_LIMIT, id="unknown"),
+    ],
+)
+def test_attach_limit_by_instance_type(instance_type: str, limit: int) -> None:
+    assert attach_limit(instance_type) == limit

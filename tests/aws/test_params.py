@@ -1,0 +1,189 @@
+"""EBS parameters, volume-type limits and handle normalisation (pure, no EC2)."""
+
+from __future__ import annotations
+
+import pytest
+
+from csi.backends import aws_params as P
+from csi.backends.base import InvalidParameterError, NotFoundError, OutOfRangeError
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        pytest.param({}, {"type": "gp3"}, id="gp3-default"),
+        pytest.param({"type": "IO2", "iops": "5000"}, {"type": "io2", "iops": "5000"}, id="type-case"),
+        pytest.param({"TYPE": "gp2"}, {"type": "gp2"}, id="key-case-insensitive"),
+        pytest.param(
+            {"type": "gp3", "iops": "4000", "throughput": "250"},
+            {"type": "gp3", "iops": "4000", "throughput": "250"},
+            id="gp3-iops-throughput",
+        ),
+        pytest.param(
+            {"type": "io1", "iopsPerGB": "50", "allowautoiopspergbincrease": "true"},
+            {"type": "io1", "iopsPerGB": "50", "allowAutoIOPSPerGBIncrease": "true"},
+            id="in-tree-translation-spelling",
+        ),
+        pytest.param(
+            {"encrypted": "True", "kmsKeyId": "arn:aws:kms:us-east-1:1:key/k"},
+            {"type": "gp3", "encrypted": "true", "kmsKeyId": "arn:aws:kms:us-east-1:1:key/k"},
+            id="encrypted-kms",
+        ),
+        pytest.param(
+            {"tagSpecification_1": "team=storage", "tagSpecification_2": "empty="},
+            {"type": "gp3", "tagSpecification_1": "team=storage", "tagSpecification_2": "empty="},
+            id="tags",
+        ),
+        pytest.param({"fsType": "ext4"}, {"type": "gp3"}, id="legacy-fstype-dropped"),
+        pytest.param({"blockSize": "4096"}, {"type": "gp3", "blockSize": "4096"}, id="format-key-passes"),
+        pytest.param(
+            {"csi.storage.k8s.io/pvc/name": "data"},
+            {"type": "gp3", "csi.storage.k8s.io/pvc/name": "data"},
+            id="k8s-key-passes",
+        ),
+        pytest.param({"type": "st1"}, {"type": "st1"}, id="st1"),
+        pytest.param({"type": "sc1"}, {"type": "sc1"}, id="sc1"),
+        pytest.param({"type": "standard"}, {"type": "standard"}, id="standard"),
+    ],
+)
+def test_validate_accepts(given: dict[str, str], expected: dict[str, str]) -> None:
+    assert P.validate(given) == expected
+
+
+@pytest.mark.parametrize(
+    ("given", "names"),
+    [
+        pytest.param({"zone": "us-east-1a"}, "zone", id="unknown-key"),
+        pytest.param({"type": "gp4"}, "type", id="unknown-type"),
+        pytest.param({"iops": "3000", "iopsPerGB": "10"}, "mutually exclusive", id="iops-and-per-gb"),
+        pytest.param({"type": "gp2", "iops": "3000"}, "iops", id="iops-on-gp2"),
+        pytest.param({"type": "io2"}, "iops", id="io2-without-iops"),
+        pytest.param({"iops": "lots"}, "iops", id="iops-not-a-number"),
+        pytest.param({"iops": "20000"}, "iops", id="iops-above-gp3-max"),
+        pytest.param({"type": "gp2", "throughput": "200"}, "throughput", id="throughput-on-gp2"),
+        pytest.param({"throughput": "5000"}, "throughput", id="throughput-above-max"),
+        pytest.param({"encrypted": "yes"}, "encrypted", id="bad-bool"),
+        pytest.param({"kmsKeyId": "k"}, "kmsKeyId", id="kms-without-encryption"),
+        pytest.param({"tagSpecification_1": "novalue"}, "tagSpecification_1", id="tag-without-equals"),
+        pytest.param({"tagSpecification_1": "aws:x=1"}, "reserved", id="tag-aws-prefix"),
+        pytest.param({"tagSpecification_1": "CSIVolumeName=x"}, "reserved", id="tag-owned-by-driver"),
+        pytest.param({"type": "gp3", "Type": "gp2"}, "twice", id="duplicate-key"),
+    ],
+)
+def test_validate_rejects_naming_the_problem(given: dict[str, str], names: str) -> None:
+    with pytest.raises(InvalidParameterError, match=names):
+        P.validate(given)
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        pytest.param({"type": "io2", "iops": "3000"}, {"type": "io2", "iops": "3000"}, id="type-iops"),
+        pytest.param({"Throughput": "300"}, {"throughput": "300"}, id="throughput"),
+    ],
+)
+def test_validate_mutable(given: dict[str, str], expected: dict[str, str]) -> None:
+    assert P.validate_mutable(given) == expected
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        pytest.param({"encrypted": "true"}, id="immutable-key"),
+        pytest.param({"type": "gp9"}, id="bad-type"),
+        pytest.param({"iops": "-1"}, id="bad-iops"),
+    ],
+)
+def test_validate_mutable_rejects(given: dict[str, str]) -> None:
+    with pytest.raises(InvalidParameterError):
+        P.validate_mutable(given)
+
+
+@pytest.mark.parametrize(
+    ("handle", "expected"),
+    [
+        pytest.param("vol-0123456789abcdef0", "vol-0123456789abcdef0", id="plain"),
+        pytest.param("aws://us-west-2a/vol-0123", "vol-0123", id="in-tree-with-zone"),
+        pytest.param("aws:///vol-0123", "vol-0123", id="in-tree-without-zone"),
+        pytest.param("aws://z/vol-%41bc", "vol-Abc", id="percent-decoded"),
+    ],
+)
+def test_volume_handles_normalise(handle: str, expected: str) -> None:
+    assert P.volume_id(handle) == expected
+
+
+@pytest.mark.parametrize(
+    "handle",
+    [
+        pytest.param("aws://vol-0123", id="id-in-host"),
+        pytest.param("aws://us-west-2a/0123", id="no-vol-prefix"),
+        pytest.param("some-id", id="foreign"),
+        pytest.param("", id="empty"),
+        pytest.param("vol-01/../x", id="path"),
+    ],
+)
+def test_foreign_handles_are_not_found(handle: str) -> None:
+    with pytest.raises(NotFoundError):
+        P.volume_id(handle)
+
+
+@pytest.mark.parametrize(
+    ("params", "size", "expected"),
+    [
+        pytest.param({"type": "io1", "iopsPerGB": "10"}, 20, 200, id="per-gb"),
+        pytest.param({"type": "io1", "iopsPerGB": "50"}, 2000, 64000, id="capped-at-type-max"),
+        pytest.param(
+            {"type": "io1", "iopsPerGB": "1", "allowAutoIOPSPerGBIncrease": "true"}, 10, 100, id="raised"
+        ),
+        pytest.param({"type": "gp3", "iops": "5000"}, 100, 5000, id="explicit"),
+        pytest.param({"type": "gp3"}, 100, None, id="none"),
+    ],
+)
+def test_provisioned_iops(params: dict[str, str], size: int, expected: int | None) -> None:
+    assert P.provisioned_iops(params, size) == expected
+
+
+def test_iops_below_minimum_without_auto_increase_is_rejected() -> None:
+    with pytest.raises(InvalidParameterError, match="allowAutoIOPSPerGBIncrease"):
+        P.provisioned_iops({"type": "io1", "iopsPerGB": "1"}, 10)
+
+
+@pytest.mark.parametrize(
+    ("kind", "size"),
+    [
+        pytest.param("st1", 100, id="st1-below-125"),
+        pytest.param("standard", 2048, id="standard-above-1TiB"),
+        pytest.param("io2", 2, id="io2-below-4"),
+    ],
+)
+def test_size_outside_type_limits_is_out_of_range(kind: str, size: int) -> None:
+    with pytest.raises(OutOfRangeError, match=kind):
+        P.create_arguments({"type": kind, "iops": "100"} if kind == "io2" else {"type": kind}, size)
+
+
+@pytest.mark.parametrize(
+    ("size_bytes", "gib"),
+    [
+        pytest.param(1, 1, id="one-byte"),
+        pytest.param(1024**3, 1, id="exact"),
+        pytest.param(1024**3 + 1, 2, id="rounded-up"),
+        pytest.param(0, 1, id="zero"),
+    ],
+)
+def test_sizes_round_up_to_gib(size_bytes: int, gib: int) -> None:
+    assert P.gib(size_bytes) == gib
+
+
+def test_user_tags_include_in_tree_era_tags() -> None:
+    tags = P.user_tags(
+        {
+            "tagSpecification_1": "team = storage",
+            "csi.storage.k8s.io/pvc/name": "data",
+            "csi.storage.k8s.io/pv/name": "pv-1",
+        }
+    )
+    assert tags == {
+        "team": "storage",
+        "kubernetes.io/created-for/pvc/name": "data",
+        "kubernetes.io/created-for/pv/name": "pv-1",
+    }
