@@ -291,8 +291,10 @@ class LegacyPath:
     def _device(self, volume: Volume, publish_context: Mapping[str, str]) -> str:
         device = self._backend.resolve_device(volume.handle, publish_context)
         part = partition_device(device, volume.attributes.get(keys.VC_PARTITION, ""))
-        if part != device:
+        if part != device and not os.path.exists(part):
             self._mounter.settle()
+            if not os.path.exists(part):  # no partition-table parser in this kernel: ask explicitly
+                self._mounter.add_partitions(device)
             if not os.path.exists(part):
                 raise DeviceError(f"partition {part} of volume {volume.handle} does not exist")
         return part

@@ -9,6 +9,7 @@ data dir (after removing them), so nothing leaks even when a step fails.
 from __future__ import annotations
 
 import os
+import struct
 import subprocess
 import sys
 import threading
@@ -19,12 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
-from csi.backends.base import DiskOptions
+from csi.backends.base import DiskOptions, InvalidParameterError, OutOfCapacityError
 from csi.backends.local import LocalBackend
 from csi.config import parse_args
-from csi.migration import CsiPath, LegacyPath
+from csi.migration import CsiCallError, CsiPath, DeviceError, LegacyPath
 from csi.mount import Mounter
 from csi.server import Driver
 from shim.router import GateSwitch, MigrationLocks, Route, RouteEvent, Router, VolumeSpec
@@ -287,6 +289,94 @@ def test_expand_on_one_path_after_staging_on_the_other(flip_env: FlipEnv) -> Non
     env.router.unmount_device(spec)
     env.router.detach(spec, NODE)
     env.router.delete(spec)
+
+
+# --------------------------------------------------------------------------- what translation produces
+
+
+def _write_mbr(path: str, start_sector: int, sectors: int) -> None:
+    """One Linux partition in a DOS partition table at the start of a volume file."""
+    entry = struct.pack("<B3sB3sII", 0, b"\0\0\0", 0x83, b"\0\0\0", start_sector, sectors)
+    with open(path, "r+b") as fh:
+        fh.seek(446)
+        fh.write(entry)
+        fh.seek(510)
+        fh.write(b"\x55\xaa")
+
+
+def test_partition_attribute_is_honoured_by_both_paths(flip_env: FlipEnv) -> None:
+    """In-tree `partition: 1` becomes the CSI attribute "1": both paths stage /dev/loopNp1, and both
+    refuse the whole device (it holds a partition table) when the partition is 0."""
+    env = flip_env
+    pv = env.router.provision(EBS, STORAGE_CLASS, "pvc-part", SIZE)
+    volume_id = pv["spec"]["awsElasticBlockStore"]["volumeID"]
+    volume_file = str(env.data / "volumes" / f"{volume_id}.img")
+    _write_mbr(volume_file, 2048, SIZE // 512 - 2048)
+    whole = VolumeSpec.of_pv(env.pv(volume_id))
+    part = env.pv(volume_id)
+    part["spec"]["awsElasticBlockStore"]["partition"] = 1
+    spec = VolumeSpec.of_pv(part)
+    assert env.router.resolve(spec).attributes == {"partition": "1"}
+    context = env.router.attach(spec, NODE)
+    with pytest.raises(DeviceError, match="partition table"):
+        env.router.mount_device(whole, context)
+    env.switch.set(ON)
+    with pytest.raises(CsiCallError, match="partition table") as err:
+        env.router.mount_device(whole, context)
+    assert err.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    target = _target(env, 1)
+    for route in (OFF, ON):  # staged and published one way, torn down the other
+        env.switch.set(route)
+        staging = env.router.mount_device(spec, context)
+        env.router.mount(spec, context, target)
+        info = Mounter().mount_at(staging)
+        assert info is not None and info.source.endswith("p1"), info
+        with open(os.path.join(target, "data.txt"), "a", encoding="utf-8") as fh:
+            fh.write(f"written with gates {route!r}\n")
+        env.switch.set(ON if route == OFF else OFF)
+        env.router.unmount(spec, target)
+        env.router.unmount_device(spec)
+    with open(volume_file, "rb") as fh:
+        fh.seek(510)
+        assert fh.read(2) == b"\x55\xaa", "the partition table was overwritten"
+    env.router.detach(spec, NODE)
+    env.router.delete(spec)
+
+
+@pytest.mark.parametrize("gates", [pytest.param(OFF, id="legacy"), pytest.param(ON, id="csi")])
+def test_legacy_storage_class_parameters_and_topology(flip_env: FlipEnv, gates: str) -> None:
+    """fsType and zones (legacy parameters) provision on either path; the CSI topology key the shim
+    writes is the one the driver serves; an unserved zone or an EBS-only parameter fails on both."""
+    env = flip_env
+    env.switch.set(gates)
+    sc = {"provisioner": EBS, "parameters": {"fsType": "xfs", "zones": f"us-east-1b,{ZONE}"}}
+    pv = env.router.provision(EBS, sc, "pvc-zones", 320 * 1024**2)
+    ebs = pv["spec"]["awsElasticBlockStore"]
+    assert ebs["fsType"] == "xfs"
+    disk = env.backend.get_volume(ebs["volumeID"])
+    assert disk.topology == {"topology.ebs.csi.aws.com/zone": ZONE}
+    assert disk.volume_context == {"fsType": "xfs"}
+    terms = pv["spec"]["nodeAffinity"]["required"]["nodeSelectorTerms"]
+    assert {"key": "topology.kubernetes.io/zone", "operator": "In", "values": [ZONE]} in terms[0][
+        "matchExpressions"
+    ]
+    # the same claim again is the same volume (idempotent by name, on either path)
+    env.switch.set(ON if gates == OFF else OFF)
+    again = env.router.provision(EBS, sc, "pvc-zones", 320 * 1024**2)
+    assert again["spec"]["awsElasticBlockStore"]["volumeID"] == ebs["volumeID"]
+    env.switch.set(gates)
+    elsewhere = {"provisioner": EBS, "parameters": {"zone": "us-west-2a"}}
+    ebs_only = {"provisioner": EBS, "parameters": {"type": "gp3"}}
+    for bad, code, backend_error in (
+        (elsewhere, grpc.StatusCode.RESOURCE_EXHAUSTED, OutOfCapacityError),
+        (ebs_only, grpc.StatusCode.INVALID_ARGUMENT, InvalidParameterError),
+    ):
+        expected: type[Exception] = CsiCallError if gates == ON else backend_error
+        with pytest.raises(expected) as err:
+            env.router.provision(EBS, bad, "pvc-bad", SIZE)
+        if gates == ON:
+            assert isinstance(err.value, CsiCallError) and err.value.code == code
+    env.router.delete(VolumeSpec.of_pv(pv))
 
 
 # --------------------------------------------------------------------------- the race

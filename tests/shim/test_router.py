@@ -520,6 +520,9 @@ class FakeMounter:
     def settle(self) -> None:
         self.calls.append(("settle",))
 
+    def add_partitions(self, device: str) -> None:
+        self.calls.append(("add_partitions", device))
+
     def mount(self, source: str, target: str, fs_type: str, flags: list[str]) -> None:
         self.calls.append(("mount", source, target, fs_type))
         self.table[target] = (source, fs_type)
@@ -613,7 +616,7 @@ def test_legacy_stage_uses_the_partition_attribute(legacy: Legacy) -> None:
     volume = Volume(EBS, EBS_CSI, legacy.volume.handle, "ext4", False, {"partition": "1"})
     with pytest.raises(DeviceError, match=r"partition /dev/fake-.*1 of volume .* does not exist"):
         legacy.path.mount_device(volume, {}, legacy.staging)
-    assert ("settle",) in legacy.mounter.calls
+    assert [c[0] for c in legacy.mounter.calls] == ["settle", "add_partitions"]
 
 
 @pytest.mark.parametrize(
