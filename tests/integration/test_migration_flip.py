@@ -23,15 +23,17 @@ from typing import Any
 import grpc
 import pytest
 
+from csi._proto import csi_pb2
 from csi.backends.base import DiskOptions, InvalidParameterError, OutOfCapacityError
 from csi.backends.local import LocalBackend
 from csi.config import parse_args
 from csi.migration import CsiCallError, CsiPath, DeviceError, LegacyPath
 from csi.mount import Mounter
 from csi.server import Driver
+from shim import Translator
 from shim.router import GateSwitch, MigrationLocks, Route, RouteEvent, Router, VolumeSpec
 from tests.conftest import REPO, require_root, require_tool
-from tests.csiclient import connect
+from tests.csiclient import client, connect
 from tests.integration.conftest import force_clean, leftovers
 
 EBS = "kubernetes.io/aws-ebs"
@@ -52,6 +54,7 @@ class FlipEnv:
     router: Router
     switch: GateSwitch
     backend: LocalBackend
+    socket: str = ""
     events: list[RouteEvent] = field(default_factory=list)
 
     def pv(self, volume_id: str, fs_type: str = "ext4") -> dict[str, Any]:
@@ -116,7 +119,7 @@ def flip_env(tmp_path: Path) -> Iterator[FlipEnv]:
         csi_path = CsiPath({DRIVER: f"unix://{socket}"})
         legacy = LegacyPath(backend, Mounter(), allowed_roots=(str(kubelet), str(tmp_path)))
         switch = GateSwitch()
-        env = FlipEnv(tmp_path, data, kubelet, None, switch, backend)  # type: ignore[arg-type]
+        env = FlipEnv(tmp_path, data, kubelet, None, switch, backend, socket)  # type: ignore[arg-type]
         env.router = Router(
             gates=switch,
             csi=csi_path,
@@ -341,6 +344,21 @@ def test_partition_attribute_is_honoured_by_both_paths(flip_env: FlipEnv) -> Non
         assert fh.read(2) == b"\x55\xaa", "the partition table was overwritten"
     env.router.detach(spec, NODE)
     env.router.delete(spec)
+
+
+def test_translated_node_affinity_is_satisfied_by_the_driver_topology(flip_env: FlipEnv) -> None:
+    """A PV carrying only the legacy beta zone label gets node affinity on the EBS CSI key; the driver
+    (local backend named ebs.csi.aws.com) reports exactly that key and zone in NodeGetInfo."""
+    env = flip_env
+    csi_pv = Translator().translate_in_tree_pv_to_csi(env.pv("vol-" + "0" * 32))
+    (term,) = csi_pv["spec"]["nodeAffinity"]["required"]["nodeSelectorTerms"]
+    required = {e["key"]: e["values"] for e in term["matchExpressions"]}
+    assert required == {"topology.ebs.csi.aws.com/zone": [ZONE]}
+    with client(f"unix://{env.socket}") as c:
+        info = c.node.NodeGetInfo(csi_pb2.NodeGetInfoRequest(), timeout=30)
+    segments = dict(info.accessible_topology.segments)
+    assert info.node_id == NODE
+    assert all(segments.get(key) in values for key, values in required.items()), segments
 
 
 @pytest.mark.parametrize("gates", [pytest.param(OFF, id="legacy"), pytest.param(ON, id="csi")])
