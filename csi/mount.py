@@ -150,6 +150,7 @@ FS_OPTIONS: dict[str, dict[str, str | None]] = {
         "largeio": None,
         "nolargeio": None,
         "wsync": None,
+        "nouuid": None,
         "filestreams": None,
         "noquota": None,
         "uquota": None,

@@ -250,7 +250,9 @@ class NodeService(csi_pb2_grpc.NodeServicer):
                     grow = False
                 elif not readonly:
                     self._mounter.fsck(device, fs_type)
-        mount_flags = [*flags, "ro"] if readonly and "ro" not in flags else flags
+        mount_flags = [*flags, "ro"] if readonly and "ro" not in flags else list(flags)
+        if fs_type == "xfs" and "nouuid" not in mount_flags:
+            mount_flags.append("nouuid")  # a restored snapshot or clone shares its source's UUID
         self._mounter.mount(device, staging, fs_type, mount_flags)
         if grow and not formatted:  # xfs grows only while mounted
             self._mounter.grow(device, staging, fs_type)

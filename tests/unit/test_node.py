@@ -287,7 +287,7 @@ def test_existing_fs_type_is_used_when_none_was_asked_for(env: Env, tmp_path: Pa
     env.runner.on("blkid", stdout="TYPE=xfs\n")
     _stage(env, _device(tmp_path), "ext4", explicit=False)
     (mount,) = [c for c in env.runner.calls if c[0] == "mount"]
-    assert mount[:3] == ("mount", "-t", "xfs")
+    assert mount[:5] == ("mount", "-t", "xfs", "-o", "nouuid"), "clones share the source's xfs UUID"
 
 
 def test_blank_device_staged_readonly_is_not_formatted(env: Env, tmp_path: Path) -> None:
