@@ -201,7 +201,16 @@ def run_demo(ns: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     if missing:
         print(f"ballast-csi demo: missing {', '.join(missing)}; run scripts/setup", file=sys.stderr)
         return 1
-    logging.getLogger("ballast").setLevel(logging.WARNING)  # the steps are the demo's output
+    logger = logging.getLogger("ballast")
+    level = logger.level
+    logger.setLevel(logging.WARNING)  # the steps are the demo's output
+    try:
+        return _demo(ns, out)
+    finally:
+        logger.setLevel(level)
+
+
+def _demo(ns: argparse.Namespace, out: TextIO) -> int:
     work = tempfile.mkdtemp(prefix="ballast-demo-")
     data_dir = os.path.abspath(ns.demo_data_dir) if ns.demo_data_dir else os.path.join(work, "data")
     demo = Demo(out)
