@@ -3,6 +3,7 @@ clients pointed at it over real HTTP with dummy credentials."""
 
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -19,10 +20,14 @@ from csi.backends.aws_errors import Backoff
 REGION = "us-east-1"
 ZONE = "us-east-1a"
 OTHER_ZONE = "us-east-1b"
+AMI = "ami-03cf127a"  # moto does not check image ids
 
 
 @pytest.fixture(scope="session")
 def moto_endpoint() -> Iterator[str]:
+    # Without its ~1300 built-in images moto sets up an account in milliseconds instead of a second.
+    saved = os.environ.get("MOTO_EC2_LOAD_DEFAULT_AMIS")
+    os.environ["MOTO_EC2_LOAD_DEFAULT_AMIS"] = "false"
     server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
@@ -30,6 +35,10 @@ def moto_endpoint() -> Iterator[str]:
         yield f"http://{host}:{port}"
     finally:
         server.stop()
+        if saved is None:
+            os.environ.pop("MOTO_EC2_LOAD_DEFAULT_AMIS", None)
+        else:
+            os.environ["MOTO_EC2_LOAD_DEFAULT_AMIS"] = saved
 
 
 @pytest.fixture
@@ -101,9 +110,8 @@ def backend(make_backend: Callable[..., AwsBackend]) -> AwsBackend:
 
 
 def run_instance(ec2: Any, zone: str = ZONE, instance_type: str = "m5.large") -> str:
-    image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
     reservation = ec2.run_instances(
-        ImageId=image,
+        ImageId=AMI,
         MinCount=1,
         MaxCount=1,
         InstanceType=instance_type,

@@ -1,0 +1,229 @@
+"""AwsBackend attachments, listings and snapshots against moto's EC2 server over HTTP."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from csi.backends.aws import AwsBackend
+from csi.backends.base import (
+    AlreadyExistsError,
+    DiskOptions,
+    FailedPreconditionError,
+    GiB,
+    InvalidParameterError,
+    InvalidTokenError,
+    NotFoundError,
+)
+from tests.aws.conftest import OTHER_ZONE, ZONE, run_instance
+
+EBS_ZONE = "topology.ebs.csi.aws.com/zone"
+
+
+def volume(backend: AwsBackend, name: str, zone: str = ZONE) -> str:
+    options = DiskOptions(size_bytes=GiB, parameters={"type": "gp3"}, requisite=[{EBS_ZONE: zone}])
+    return backend.create_volume(name, options).id
+
+
+def attachments(ec2: Any, volume_id: str) -> list[tuple[str, str]]:
+    found = ec2.describe_volumes(VolumeIds=[volume_id])["Volumes"][0].get("Attachments", [])
+    return [(a["InstanceId"], a["Device"]) for a in found]
+
+
+# ---------------------------------------------------------------- attach / detach
+
+
+def test_attach_allocates_device_names_and_is_idempotent(
+    backend: AwsBackend, ec2: Any, instance: str
+) -> None:
+    first, second = volume(backend, "pvc-1"), volume(backend, "pvc-2")
+    assert backend.attach(first, instance, False) == {"devicePath": "/dev/xvdba"}
+    assert backend.attach(second, instance, False) == {"devicePath": "/dev/xvdbb"}
+    assert backend.attach(f"aws://{ZONE}/{first}", instance, False) == {"devicePath": "/dev/xvdba"}
+    assert attachments(ec2, first) == [(instance, "/dev/xvdba")]
+    assert attachments(ec2, second) == [(instance, "/dev/xvdbb")]
+
+
+def test_detach_frees_the_device_name(backend: AwsBackend, ec2: Any, instance: str) -> None:
+    first, second = volume(backend, "pvc-1"), volume(backend, "pvc-2")
+    backend.attach(first, instance, False)
+    backend.detach(first, instance)
+    assert attachments(ec2, first) == []
+    backend.detach(first, instance)  # not attached: no-op
+    assert backend.attach(second, instance, False) == {"devicePath": "/dev/xvdba"}
+
+
+def test_names_used_by_the_instance_are_skipped(backend: AwsBackend, ec2: Any, instance: str) -> None:
+    foreign = ec2.create_volume(Size=1, AvailabilityZone=ZONE)["VolumeId"]
+    ec2.attach_volume(VolumeId=foreign, InstanceId=instance, Device="/dev/sdba")
+    assert backend.attach(volume(backend, "pvc-1"), instance, False) == {"devicePath": "/dev/xvdbb"}
+
+
+def test_attached_elsewhere_fails_naming_the_node(backend: AwsBackend, ec2: Any, instance: str) -> None:
+    other = run_instance(ec2)
+    vid = volume(backend, "pvc-1")
+    backend.attach(vid, other, False)
+    with pytest.raises(FailedPreconditionError, match=other):
+        backend.attach(vid, instance, False)
+
+
+def test_node_in_another_zone_fails(backend: AwsBackend, ec2: Any) -> None:
+    far = run_instance(ec2, zone=OTHER_ZONE)
+    with pytest.raises(FailedPreconditionError, match=OTHER_ZONE):
+        backend.attach(volume(backend, "pvc-1"), far, False)
+
+
+@pytest.mark.parametrize(
+    ("volume_id", "node_id"),
+    [
+        pytest.param("vol-00000000000000000", None, id="missing-volume"),
+        pytest.param(None, "i-00000000000000000", id="missing-node"),
+        pytest.param(None, "some-fake-node-id", id="foreign-node-id"),
+    ],
+)
+def test_attach_missing_is_not_found(
+    backend: AwsBackend, instance: str, volume_id: str | None, node_id: str | None
+) -> None:
+    with pytest.raises(NotFoundError):
+        backend.attach(volume_id or volume(backend, "pvc-1"), node_id or instance, False)
+
+
+def test_detach_from_a_missing_node_is_a_no_op(backend: AwsBackend) -> None:
+    backend.detach(volume(backend, "pvc-1"), "i-00000000000000000")
+
+
+def test_detach_missing_volume_is_not_found(backend: AwsBackend, instance: str) -> None:
+    with pytest.raises(NotFoundError):
+        backend.detach("vol-00000000000000000", instance)
+
+
+def test_attached_volume_cannot_be_deleted(backend: AwsBackend, instance: str) -> None:
+    vid = volume(backend, "pvc-1")
+    backend.attach(vid, instance, False)
+    with pytest.raises(FailedPreconditionError):
+        backend.delete_volume(vid)
+
+
+# ---------------------------------------------------------------- listing
+
+
+def test_list_volumes_reports_published_nodes_and_skips_foreign_volumes(
+    backend: AwsBackend, ec2: Any, instance: str
+) -> None:
+    mine = volume(backend, "pvc-1")
+    in_tree = ec2.create_volume(
+        Size=2,
+        AvailabilityZone=ZONE,
+        TagSpecifications=[
+            {
+                "ResourceType": "volume",
+                "Tags": [{"Key": "kubernetes.io/created-for/pv/name", "Value": "pv-old"}],
+            }
+        ],
+    )["VolumeId"]
+    ec2.create_volume(Size=1, AvailabilityZone=ZONE)  # not Kubernetes'
+    backend.attach(mine, instance, False)
+    listed = {d.id: d for d in backend.list_volumes().items}
+    assert set(listed) == {mine, in_tree}
+    assert [(a.node_id, a.publish_context["devicePath"]) for a in listed[mine].attachments] == [
+        (instance, "/dev/xvdba")
+    ]
+
+
+def test_list_volumes_pages_without_duplicates_across_changes(backend: AwsBackend) -> None:
+    ids = sorted(volume(backend, f"pvc-{i}") for i in range(5))
+    first = backend.list_volumes(max_entries=2)
+    assert [d.id for d in first.items] == ids[:2] and first.next_token
+    backend.delete_volume(ids[1])  # the last of the page
+    added = volume(backend, "pvc-new")
+    rest = backend.list_volumes(max_entries=0, starting_token=first.next_token)
+    seen = [d.id for d in rest.items]
+    assert len(seen) == len(set(seen))
+    assert set(seen) >= set(ids[2:]) and not set(seen) & set(ids[:2])
+    assert set(seen) <= {*ids[2:], added}
+    assert rest.next_token == ""
+
+
+@pytest.mark.parametrize("token", ["invalid-token", "after:", "vol-123"])
+def test_foreign_tokens_are_rejected(backend: AwsBackend, token: str) -> None:
+    with pytest.raises(InvalidTokenError):
+        backend.list_volumes(starting_token=token)
+
+
+# ---------------------------------------------------------------- snapshots
+
+
+def test_snapshot_is_idempotent_by_name(backend: AwsBackend, ec2: Any) -> None:
+    vid = volume(backend, "pvc-1")
+    snap = backend.create_snapshot("snap-a", vid, {"tagSpecification_1": "team=storage"})
+    again = backend.create_snapshot("snap-a", f"aws:///{vid}", {})
+    assert again.id == snap.id and snap.source_volume_id == vid and snap.size_bytes == GiB
+    described = ec2.describe_snapshots(SnapshotIds=[snap.id])["Snapshots"][0]
+    assert {t["Key"]: t["Value"] for t in described["Tags"]}["CSIVolumeSnapshotName"] == "snap-a"
+    assert {t["Key"]: t["Value"] for t in described["Tags"]}["team"] == "storage"
+
+
+def test_snapshot_name_reused_for_another_volume_already_exists(backend: AwsBackend) -> None:
+    backend.create_snapshot("snap-a", volume(backend, "pvc-1"), {})
+    with pytest.raises(AlreadyExistsError):
+        backend.create_snapshot("snap-a", volume(backend, "pvc-2"), {})
+
+
+@pytest.mark.parametrize(
+    ("source", "parameters", "error"),
+    [
+        pytest.param("vol-00000000000000000", {}, NotFoundError, id="missing-source"),
+        pytest.param("some-id", {}, NotFoundError, id="foreign-source"),
+        pytest.param(None, {"fastSnapshotRestore": "x"}, InvalidParameterError, id="unknown-parameter"),
+    ],
+)
+def test_snapshot_errors(
+    backend: AwsBackend, source: str | None, parameters: dict[str, str], error: type[Exception]
+) -> None:
+    with pytest.raises(error):
+        backend.create_snapshot("snap-e", source or volume(backend, "pvc-1"), parameters)
+
+
+def test_list_snapshots_by_id_source_and_paged(backend: AwsBackend) -> None:
+    one, two = volume(backend, "pvc-1"), volume(backend, "pvc-2")
+    snaps = [backend.create_snapshot(f"snap-{i}", one, {}) for i in range(3)]
+    other = backend.create_snapshot("snap-other", two, {})
+    assert [s.id for s in backend.list_snapshots(snapshot_id=snaps[1].id).items] == [snaps[1].id]
+    assert {s.id for s in backend.list_snapshots(source_volume_id=one).items} == {s.id for s in snaps}
+    assert backend.list_snapshots(snapshot_id=other.id, source_volume_id=one).items == []
+    assert backend.list_snapshots(snapshot_id="snap-00000000000000000").items == []
+    assert backend.list_snapshots(snapshot_id="not-a-snapshot").items == []
+    assert backend.list_snapshots(source_volume_id="vol-00000000000000000").items == []
+    seen: list[str] = []
+    token = ""
+    while True:
+        page = backend.list_snapshots(max_entries=2, starting_token=token)
+        assert len(page.items) <= 2
+        seen.extend(s.id for s in page.items)
+        token = page.next_token
+        if not token:
+            break
+    assert sorted(seen) == sorted([*(s.id for s in snaps), other.id])
+
+
+def test_delete_snapshot(backend: AwsBackend) -> None:
+    snap = backend.create_snapshot("snap-d", volume(backend, "pvc-1"), {})
+    assert backend.get_snapshot(snap.id).ready
+    backend.delete_snapshot(snap.id)
+    with pytest.raises(NotFoundError):
+        backend.get_snapshot(snap.id)
+    with pytest.raises(NotFoundError):
+        backend.delete_snapshot(snap.id)
+
+
+# ---------------------------------------------------------------- node side
+
+
+def test_node_identity_from_overrides(make_backend: Callable[..., AwsBackend]) -> None:
+    backend = make_backend(node_id="i-0123456789abcdef0", zone="us-east-1c", max_volumes=11)
+    identity = backend.node_identity()
+    assert (identity.node_id, identity.max_volumes) == ("i-0123456789abcdef0", 11)
+    assert identity.topology == {EBS_ZONE: "us-east-1c", "topology.kubernetes.io/zone": "us-east-1c"}
+    assert set(identity.topology) == set(backend.capabilities.topology_keys)

@@ -1,0 +1,154 @@
+"""EC2 error codes -> backend errors -> gRPC codes, and throttling retries, with errors injected into a
+real client talking to moto."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+import pytest
+from botocore.exceptions import ClientError
+
+from csi.backends import base
+from csi.backends.aws import AwsBackend
+from csi.backends.aws_errors import AWS_ERRORS, Backoff, Ec2, UnsupportedActionError, translate
+from csi.errors import status_for
+from tests.aws.conftest import inject_errors
+
+
+def client_error(code: str) -> ClientError:
+    return ClientError({"Error": {"Code": code, "Message": "because"}}, "CreateVolume")
+
+
+@pytest.mark.parametrize(
+    ("code", "klass", "grpc_code"),
+    [
+        pytest.param(
+            "InvalidVolume.NotFound", base.NotFoundError, grpc.StatusCode.NOT_FOUND, id="volume-missing"
+        ),
+        pytest.param(
+            "InvalidInstanceID.NotFound", base.NotFoundError, grpc.StatusCode.NOT_FOUND, id="node-missing"
+        ),
+        pytest.param(
+            "IdempotentParameterMismatch",
+            base.AlreadyExistsError,
+            grpc.StatusCode.ALREADY_EXISTS,
+            id="token-reuse",
+        ),
+        pytest.param(
+            "InvalidParameterValue",
+            base.InvalidParameterError,
+            grpc.StatusCode.INVALID_ARGUMENT,
+            id="bad-value",
+        ),
+        pytest.param(
+            "VolumeInUse", base.FailedPreconditionError, grpc.StatusCode.FAILED_PRECONDITION, id="in-use"
+        ),
+        pytest.param(
+            "AttachmentLimitExceeded",
+            base.LimitExceededError,
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            id="node-full",
+        ),
+        pytest.param(
+            "InsufficientVolumeCapacity",
+            base.OutOfCapacityError,
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            id="capacity",
+        ),
+        pytest.param(
+            "UnauthorizedOperation",
+            base.FailedPreconditionError,
+            grpc.StatusCode.FAILED_PRECONDITION,
+            id="iam",
+        ),
+        pytest.param(
+            "RequestLimitExceeded", base.TransientError, grpc.StatusCode.UNAVAILABLE, id="throttled"
+        ),
+        pytest.param(
+            "IncorrectModificationState", base.TransientError, grpc.StatusCode.UNAVAILABLE, id="modifying"
+        ),
+        pytest.param("InvalidNextToken", base.InvalidTokenError, grpc.StatusCode.ABORTED, id="token"),
+        pytest.param("SomethingNew", base.BackendError, grpc.StatusCode.INTERNAL, id="unknown"),
+    ],
+)
+def test_error_table(code: str, klass: type[base.BackendError], grpc_code: grpc.StatusCode) -> None:
+    error = translate(client_error(code), "create_volume")
+    assert type(error) is klass
+    assert code in str(error) and "because" in str(error)
+    assert status_for(error)[0] == grpc_code
+
+
+def test_every_mapped_class_has_a_grpc_code() -> None:
+    for klass in set(AWS_ERRORS.values()):
+        assert status_for(klass("x"))[0] != grpc.StatusCode.UNKNOWN
+
+
+def test_unsupported_action_is_an_internal_backend_error() -> None:
+    assert issubclass(UnsupportedActionError, base.BackendError)
+
+
+@pytest.mark.parametrize(
+    "code", ["RequestLimitExceeded", "Throttling", "ServiceUnavailable", "InternalError"]
+)
+def test_throttling_is_retried_then_succeeds(make_backend: Callable[..., AwsBackend], code: str) -> None:
+    backend = make_backend()
+    pending = inject_errors(backend.ec2.client, "DescribeAvailabilityZones", [code, code, code])
+    assert backend.probe() is True
+    assert pending == [] and backend.ec2.retries == 3
+
+
+def test_throttling_that_persists_becomes_transient(make_backend: Callable[..., AwsBackend]) -> None:
+    backend = make_backend(backoff=Backoff(attempts=3, initial=0.001, maximum=0.002))
+    pending = inject_errors(backend.ec2.client, "DescribeVolumes", ["RequestLimitExceeded"] * 5)
+    with pytest.raises(base.TransientError, match="RequestLimitExceeded"):
+        backend.get_volume("vol-0123456789abcdef0")
+    assert len(pending) == 2  # three attempts used
+    assert status_for(base.TransientError("x"))[0] == grpc.StatusCode.UNAVAILABLE
+
+
+def test_non_throttling_errors_are_not_retried(make_backend: Callable[..., AwsBackend]) -> None:
+    backend = make_backend()
+    pending = inject_errors(
+        backend.ec2.client, "DescribeVolumes", ["UnauthorizedOperation", "UnauthorizedOperation"]
+    )
+    with pytest.raises(base.FailedPreconditionError):
+        backend.get_volume("vol-0123456789abcdef0")
+    assert len(pending) == 1 and backend.ec2.retries == 0
+
+
+def test_backoff_grows_and_is_capped() -> None:
+    naps: list[float] = []
+
+    class Throttled:
+        def describe_volumes(self, **kwargs: Any) -> dict[str, Any]:
+            raise client_error("Throttling")
+
+    ec2 = Ec2(Throttled(), Backoff(attempts=8, initial=1.0, maximum=4.0), sleep=naps.append)
+    with pytest.raises(base.TransientError):
+        ec2.call("describe_volumes")
+    assert len(naps) == 7 and all(0 <= n <= 4.0 for n in naps)
+
+
+def test_probe_fails_when_credentials_are_refused(make_backend: Callable[..., AwsBackend]) -> None:
+    backend = make_backend()
+    inject_errors(backend.ec2.client, "DescribeAvailabilityZones", ["AuthFailure"], status=401)
+    with pytest.raises(base.FailedPreconditionError, match="AuthFailure"):
+        backend.probe()
+
+
+def test_node_only_probe_needs_no_ec2(make_backend: Callable[..., AwsBackend]) -> None:
+    backend = make_backend(controller=False)
+    pending = inject_errors(backend.ec2.client, "DescribeAvailabilityZones", ["AuthFailure"])
+    assert backend.probe() is True and pending == ["AuthFailure"]
+
+
+def test_create_retried_after_throttling_still_makes_one_volume(
+    make_backend: Callable[..., AwsBackend], ec2: Any
+) -> None:
+    backend = make_backend()
+    inject_errors(backend.ec2.client, "CreateVolume", ["RequestLimitExceeded"])
+    disk = backend.create_volume("pvc-t", base.DiskOptions(size_bytes=base.GiB, parameters={"type": "gp3"}))
+    found = ec2.describe_volumes(Filters=[{"Name": "tag:CSIVolumeName", "Values": ["pvc-t"]}])["Volumes"]
+    assert [v["VolumeId"] for v in found] == [disk.id]
