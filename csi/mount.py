@@ -512,7 +512,10 @@ class Mounter:
         else:
             result = self.runner(["xfs_growfs", "-d", mount_point], timeout=1800)
         if result.returncode != 0:
-            raise _fail(result, f"growing the {fs_type} filesystem on {device}")
+            error = _fail(result, f"growing the {fs_type} filesystem on {device}")
+            if fs_type in EXT_TYPES and "Permission denied" in result.stderr:
+                error = MountError(f"{error} (online ext4 growth needs CAP_SYS_RESOURCE in the node plugin)")
+            raise error
 
     def settle(self) -> None:
         """Wait for udev to create device nodes (partitions); a missing udevadm is not an error."""

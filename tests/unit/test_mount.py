@@ -258,6 +258,14 @@ def test_grow(tmp_path: Path, fs_type: str, expected: tuple[str, ...]) -> None:
     assert runner.calls == [expected]
 
 
+def test_grow_permission_error_names_the_missing_capability(tmp_path: Path) -> None:
+    runner = FakeRunner().on(
+        "resize2fs", returncode=1, stderr="resize2fs: Permission denied to resize filesystem"
+    )
+    with pytest.raises(MountError, match="CAP_SYS_RESOURCE"):
+        fake_mounter(tmp_path, runner).grow("/dev/x", "/mnt/m", "ext4")
+
+
 def test_mount_program_fallback_argv(tmp_path: Path) -> None:
     runner = FakeRunner()
     fake_mounter(tmp_path, runner).mount("/dev/x", "/mnt/m", "ext4", ["noatime", "data=ordered"])
