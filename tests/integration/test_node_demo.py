@@ -7,7 +7,9 @@ import io
 import os
 from pathlib import Path
 
-from csi import loop
+import pytest
+
+from csi import demo, loop
 from csi.demo import run_demo
 from csi.mount import Mounter
 from tests.conftest import require_root, require_tool
@@ -61,3 +63,19 @@ def test_demo_keep_leaves_the_data_dir_but_no_mounts(tmp_path: Path) -> None:
     assert len(list((data / "volumes").iterdir())) == 2, "both volumes are kept"
     assert _loops_over(data) == [], "kept volumes are still detached"
     assert [m for m in Mounter().mounts() if "ballast-demo-" in m.mount_point] == []
+
+
+def test_demo_failing_late_still_cleans_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    require_root()
+    for tool in ("mkfs.xfs", "xfs_growfs", "blkid"):
+        require_tool(tool)
+    monkeypatch.setattr(demo, "EXPANDED", demo.SIZE // 2)  # "expansion" that cannot grow anything
+    data = tmp_path / "failing"
+    out = io.StringIO()
+    assert run_demo(argparse.Namespace(demo_data_dir=str(data), keep=False), out) == 1
+    text = out.getvalue()
+    assert "FAILED" in text and "did not grow" in text
+    assert "clean up everything" in text and "cleanup:" not in text, "every undo action succeeded"
+    assert _loops_over(data) == []
+    assert [m for m in Mounter().mounts() if "ballast-demo-" in m.mount_point] == []
+    assert not os.path.exists(data)
