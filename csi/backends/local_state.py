@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from csi.backends.base import FailedPreconditionError, LimitExceededError, NotFoundError
+from csi.backends.base import FailedPreconditionError, LimitExceededError, NotFoundError, OutOfCapacityError
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS volumes (
@@ -171,10 +171,20 @@ class Store:
         spec: dict[str, Any],
         mutable: dict[str, str],
         created: float,
+        *,
+        capacity_limit: int = 0,
     ) -> VolumeRow:
-        """Raises NameTaken when another volume already has `name`."""
+        """Raises NameTaken when another volume already has `name`, and OutOfCapacityError when a
+        non-zero `capacity_limit` would be exceeded (checked in the same transaction)."""
         try:
             with self.tx() as db:
+                if capacity_limit:
+                    used = int(db.execute("SELECT COALESCE(SUM(size), 0) FROM volumes").fetchone()[0])
+                    if used + size > capacity_limit:
+                        raise OutOfCapacityError(
+                            f"{size} bytes requested, {max(0, capacity_limit - used)} of the --capacity "
+                            f"limit {capacity_limit} left"
+                        )
                 db.execute(
                     "INSERT INTO volumes (id, name, size, spec, mutable, created) VALUES (?, ?, ?, ?, ?, ?)",
                     (volume_id, name, size, json.dumps(spec, sort_keys=True), json.dumps(mutable), created),

@@ -560,3 +560,34 @@ def test_group_rpcs_unimplemented_when_backend_lacks_them() -> None:
     env = Env(group_snapshots=False)
     req = csi_pb2.CreateVolumeGroupSnapshotRequest(name="g", source_volume_ids=["a"])
     assert code_of(env.group.CreateVolumeGroupSnapshot, req) == Code.UNIMPLEMENTED
+
+
+def test_publish_to_a_second_node_needs_a_multi_node_volume(env: Env) -> None:
+    env.backend.nodes.add("node-2")
+    single = env.create("single")
+    multi = env.create("multi", volume_capabilities=[block(AM.MULTI_NODE_MULTI_WRITER)])
+    for vol, second_code in ((single, Code.FAILED_PRECONDITION), (multi, Code.OK)):
+        for node, code in ((FAKE_NODE, Code.OK), ("node-2", second_code)):
+            req = csi_pb2.ControllerPublishVolumeRequest(
+                volume_id=vol.volume_id, node_id=node, volume_capability=block()
+            )
+            assert code_of(env.ctl.ControllerPublishVolume, req) == code, (vol.volume_id, node)
+
+
+def test_list_snapshots_pages_and_rejects_foreign_tokens(env: Env) -> None:
+    vol = env.create()
+    ids = [
+        env.ctl.CreateSnapshot(
+            csi_pb2.CreateSnapshotRequest(name=f"s{i}", source_volume_id=vol.volume_id), CTX
+        ).snapshot.snapshot_id
+        for i in range(3)
+    ]
+    first = env.ctl.ListSnapshots(csi_pb2.ListSnapshotsRequest(max_entries=2), CTX)
+    rest = env.ctl.ListSnapshots(csi_pb2.ListSnapshotsRequest(starting_token=first.next_token), CTX)
+    assert [e.snapshot.snapshot_id for e in (*first.entries, *rest.entries)] == ids
+    assert rest.next_token == ""
+    bad = csi_pb2.ListSnapshotsRequest(starting_token="nope")
+    assert code_of(env.ctl.ListSnapshots, bad) == Code.ABORTED
+    assert (
+        code_of(env.ctl.ListSnapshots, csi_pb2.ListSnapshotsRequest(max_entries=-1)) == Code.INVALID_ARGUMENT
+    )
