@@ -33,18 +33,18 @@ def region_from_zones(zones: list[str]) -> str:
     """The one region of AWS zones (`us-west-2a`, local zones, wavelength zones); anything else fails."""
     if not zones:
         raise TranslationError("no zones specified")
-    regions: set[str] = set()
+    regions: set[bytes] = set()  # Go slices bytes: a 2-byte last part may be one non-ASCII character
     for zone in zones:
-        parts = zone.split("-")
+        parts = zone.encode("utf-8").split(b"-")
         if len(parts) in (3, 4) and len(parts[-1]) == 2:
-            regions.add("-".join([*parts[:-1], parts[-1][:1]]))
+            regions.add(b"-".join([*parts[:-1], parts[-1][:1]]))
         elif len(parts) in (5, 7):
-            regions.add("-".join(parts[:3]))
+            regions.add(b"-".join(parts[:3]))
         else:
             raise TranslationError(f"Unexpected zone format: {zone} is not a valid AWS zone")
     if len(regions) != 1:
         raise TranslationError(f"multiple or no regions gotten from zones, got: {sorted(regions)}")
-    return regions.pop()
+    return fields.go_string(regions.pop())
 
 
 def _ebs_to_csi(driver: str, ebs: JSON) -> JSON:

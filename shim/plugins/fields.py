@@ -149,6 +149,21 @@ def atoi(text: str) -> int:
     return (value + 2**31) % 2**32 - 2**31
 
 
+def go_string(raw: bytes) -> str:
+    """Bytes as Go's JSON encoder shows a string: valid UTF-8 kept, each invalid byte becomes U+FFFD."""
+    out: list[str] = []
+    start = 0
+    while start < len(raw):
+        try:
+            out.append(raw[start:].decode("utf-8"))
+            break
+        except UnicodeDecodeError as err:
+            out.append(raw[start : start + err.start].decode("utf-8"))
+            out.append("\ufffd")
+            start += err.start + 1
+    return "".join(out)
+
+
 def go_lower(text: str) -> str:
     """Go strings.ToLower (per-rune simple lower-casing; U+0130 maps to a plain 'i')."""
     if text.isascii():

@@ -10,6 +10,8 @@ from __future__ import annotations
 import ipaddress
 import string
 
+from shim.plugins.fields import go_string
+
 _HEX = set(string.hexdigits)
 _HOST_OK = set(string.ascii_letters + string.digits + "!$&'()*+,;=:[]<>\"-_.~")
 _USERINFO_OK = set(string.ascii_letters + string.digits + "-._:~!$&'()*+,;=%@")
@@ -86,7 +88,7 @@ def url_path(raw: str) -> str:
             raise ValueError("net/url: invalid userinfo")
         for part in userinfo.split(":", 1):
             _unescape(part)
-    decoded = _unescape(slash + path).decode("utf-8", "replace")
+    decoded = go_string(_unescape(slash + path))
     if fragment:
         _unescape(fragment)
     return decoded
