@@ -38,6 +38,7 @@ from csi.backends.base import (
     GiB,
     InvalidParameterError,
     InvalidTokenError,
+    LimitExceededError,
     NodeIdentity,
     NotFoundError,
     OutOfCapacityError,
@@ -56,6 +57,7 @@ T = TypeVar("T")
 
 DEFAULT_DRIVER_NAME = "ebs.csi.aws.com"
 TAG_SOURCE_VOLUME = "CSISourceVolumeId"  # set on clones: CreateVolume idempotency compares it
+TAG_CONTEXT_PREFIX = "ballast.dev/volume-context/"  # one tag per generic volume_context entry (fsType, ...)
 LIVE_VOLUME_STATES = ["creating", "available", "in-use", "error"]
 ATTACHED_STATES = ("attaching", "attached")
 TOKEN_PREFIX = "after:"
@@ -257,12 +259,16 @@ class AwsBackend(Backend):
         elif volume.get("SnapshotId"):
             source = ContentSource(SourceKind.SNAPSHOT, volume["SnapshotId"])
         state = volume.get("State", "")
+        context = {
+            k[len(TAG_CONTEXT_PREFIX) :]: v for k, v in tags.items() if k.startswith(TAG_CONTEXT_PREFIX)
+        }
         return Disk(
             id=volume["VolumeId"],
             name=tags.get(P.TAG_VOLUME_NAME, volume["VolumeId"]),
             size_bytes=int(volume["Size"]) * GiB,
             topology={self.zone_key: zone, keys.WELL_KNOWN_ZONE: zone},
             parameters=params,
+            volume_context=context,
             source=source,
             attachments=tuple(
                 Attachment(
@@ -391,6 +397,8 @@ class AwsBackend(Backend):
         allowed = self._allowed_zones(options)
         if allowed is not None and volume["AvailabilityZone"] not in allowed:
             problems.append(f"zone {volume['AvailabilityZone']}")
+        if dict(options.context) != dict(disk.volume_context):
+            problems.append(f"volume context {dict(disk.volume_context)}")
         if problems:
             raise AlreadyExistsError(
                 f"volume {name!r} already exists as {volume['VolumeId']} with different {', '.join(problems)}"
@@ -419,7 +427,12 @@ class AwsBackend(Backend):
                     f"multi-node access needs EBS Multi-Attach: type io2 (or io1), not {params[P.TYPE]}"
                 )
             args["MultiAttachEnabled"] = True
-        tags = {P.TAG_VOLUME_NAME: name, P.TAG_DRIVER: "true", **P.user_tags(params)}
+        tags = {
+            P.TAG_VOLUME_NAME: name,
+            P.TAG_DRIVER: "true",
+            **P.user_tags(params),
+            **{TAG_CONTEXT_PREFIX + k: v for k, v in options.context.items()},
+        }
         source = options.source
         if source is not None and source.kind is SourceKind.VOLUME:
             return self._clone(name, P.volume_id(source.id), options, args, tags)
@@ -625,7 +638,12 @@ class AwsBackend(Backend):
                     f"volume {vid} is in zone {volume['AvailabilityZone']} but node {node_id} is in {zone}"
                 )
             used = [m["DeviceName"] for m in instance.get("BlockDeviceMappings", [])]
-            used.append(instance.get("RootDeviceName", ""))
+            root = instance.get("RootDeviceName", "")
+            if self._max_volumes and len([u for u in used if u != root]) >= self._max_volumes:
+                raise LimitExceededError(
+                    f"node {node_id} already has {self._max_volumes} volumes (--max-volumes-per-node)"
+                )
+            used.append(root)
             device = self._names.reserve(node_id, used)
             try:
                 self.ec2.call("attach_volume", VolumeId=vid, InstanceId=node_id, Device=device)

@@ -15,6 +15,7 @@ from csi.backends.base import (
     GiB,
     InvalidParameterError,
     InvalidTokenError,
+    LimitExceededError,
     NotFoundError,
 )
 from tests.aws.conftest import OTHER_ZONE, ZONE, run_instance
@@ -227,3 +228,13 @@ def test_node_identity_from_overrides(make_backend: Callable[..., AwsBackend]) -
     assert (identity.node_id, identity.max_volumes) == ("i-0123456789abcdef0", 11)
     assert identity.topology == {EBS_ZONE: "us-east-1c", "topology.kubernetes.io/zone": "us-east-1c"}
     assert set(identity.topology) == set(backend.capabilities.topology_keys)
+
+
+def test_configured_attach_limit_is_enforced(make_backend: Callable[..., AwsBackend], instance: str) -> None:
+    backend = make_backend(max_volumes=2)
+    first, second, third = (volume(backend, f"pvc-{i}") for i in range(3))
+    backend.attach(first, instance, False)
+    backend.attach(second, instance, False)
+    with pytest.raises(LimitExceededError, match="2 volumes"):
+        backend.attach(third, instance, False)
+    assert backend.attach(first, instance, False) == {"devicePath": "/dev/xvdba"}  # republish still fine

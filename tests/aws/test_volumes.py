@@ -98,6 +98,14 @@ def test_mutable_parameters_override_class_parameters(backend: AwsBackend, ec2: 
     assert ec2_volume(ec2, disk.id)["Iops"] == 5000
 
 
+def test_volume_context_is_kept_with_the_volume(backend: AwsBackend) -> None:
+    context = {"fsType": "ext4", "blockSize": "4096"}
+    disk = backend.create_volume("pvc-ctx", opts(backend, context=context))
+    assert disk.volume_context == context
+    assert backend.get_volume(disk.id).volume_context == context
+    assert backend.create_volume("pvc-ctx", opts(backend, context=context)).id == disk.id
+
+
 def test_create_is_idempotent_by_name(backend: AwsBackend, ec2: Any) -> None:
     first = backend.create_volume("pvc-i", opts(backend, 3))
     again = backend.create_volume("pvc-i", opts(backend, 3))
@@ -114,6 +122,7 @@ def test_create_is_idempotent_by_name(backend: AwsBackend, ec2: Any) -> None:
         pytest.param({"size_gib": 4}, "size", id="size"),
         pytest.param({"parameters": {"type": "gp2"}}, "type", id="type"),
         pytest.param({"requisite": [{EBS_ZONE: OTHER_ZONE}]}, "zone", id="zone"),
+        pytest.param({"context": {"fsType": "xfs"}}, "volume context", id="volume-context"),
     ],
 )
 def test_same_name_incompatible_arguments_already_exists(
