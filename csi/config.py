@@ -280,6 +280,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="state and volume files for the demo (default: a temporary directory)",
     )
     demo.add_argument("--keep", action="store_true", help="keep the demo's data dir afterwards")
+    recover = sub.add_parser(
+        "recover-state",
+        help="rebuild the local backend's state database from the volume and snapshot files in a data dir",
+    )
+    recover.add_argument(
+        "--data-dir",
+        dest="recover_data_dir",
+        default="",
+        help="the data dir to rebuild (default: the main --data-dir); stop every driver using it first",
+    )
     return p
 
 

@@ -166,6 +166,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from csi.demo import run_demo
 
         return run_demo(ns)
+    if ns.command == "recover-state":
+        from csi.recovery import run_recover
+
+        return run_recover(ns.recover_data_dir or config.backend.data_dir)
     try:
         return run(config)
     except SystemExit:

@@ -50,6 +50,7 @@ from csi.backends.base import (
     SourceKind,
 )
 from csi.backends.local_state import AttachmentRow, GroupRow, NameTaken, SnapshotRow, Store, VolumeRow
+from csi.recovery import check_state
 
 if TYPE_CHECKING:
     from csi.config import Config
@@ -133,6 +134,7 @@ class LocalBackend(Backend):
         self._loop = loop
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
+        check_state(data_dir)  # unreadable, or lost while files exist: refuse rather than reconcile
         self.store = Store(os.path.join(data_dir, "state.db"))
         if reconcile:
             self.reconcile()
