@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import errno
+import fcntl
 import os
 import re
 import shutil
@@ -387,6 +388,29 @@ def device_size(path: str) -> int:
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         return os.lseek(fd, 0, os.SEEK_END)
+    finally:
+        os.close(fd)
+
+
+BLKROSET, BLKROGET = 0x125D, 0x125E
+
+
+def device_readonly(device: str) -> bool:
+    """The kernel's read-only flag of a block device (BLKROGET)."""
+    fd = os.open(device, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        value = ctypes.c_int(0)
+        fcntl.ioctl(fd, BLKROGET, value)
+        return bool(value.value)
+    finally:
+        os.close(fd)
+
+
+def set_device_readonly(device: str, readonly: bool) -> None:
+    """Set the kernel's read-only flag of a block device (BLKROSET): writes through any node fail."""
+    fd = os.open(device, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        fcntl.ioctl(fd, BLKROSET, ctypes.c_int(1 if readonly else 0))
     finally:
         os.close(fd)
 

@@ -36,9 +36,11 @@ from csi.mount import (
     MountInfo,
     check_fs_type,
     check_mount_flags,
+    device_readonly,
     device_size,
     fs_size,
     mkfs_argv,
+    set_device_readonly,
     stats,
 )
 from csi.validation import READ_ONLY_MODES, check_capability, check_string, is_block, require
@@ -88,6 +90,13 @@ def _belongs(numbers: tuple[int, int], device: str) -> bool:
     return os.path.exists(os.path.join(sys_path, "partition")) and parent == os.path.basename(
         os.path.realpath(device)
     )
+
+
+def _is_block(path: str) -> bool:
+    try:
+        return stat.S_ISBLK(os.stat(path).st_mode)
+    except OSError:
+        return False
 
 
 @contextlib.contextmanager
@@ -355,7 +364,23 @@ class NodeService(csi_pb2_grpc.NodeServicer):
                 if created:
                     self._remove_target(target)
                 raise
+            if block:
+                self._sync_block_readonly(source, numbers, root)
         return csi_pb2.NodePublishVolumeResponse()
+
+    def _sync_block_readonly(self, device: str, numbers: tuple[int, int], root: str) -> None:
+        """A read-only bind of a device node does not stop writes through it, so the device itself is
+        made read-only while every publish of it is read-only (and writable again otherwise)."""
+        publishes = [
+            m
+            for m in self._mounter.mounts()
+            if (m.major, m.minor) == numbers
+            and m.root == root
+            and paths.under_roots(m.mount_point, self._roots)
+        ]
+        want = bool(publishes) and all(m.readonly for m in publishes)
+        if device_readonly(device) != want:
+            set_device_readonly(device, want)
 
     @staticmethod
     def _devtmpfs_numbers(device: str) -> tuple[tuple[int, int], str]:
@@ -426,10 +451,14 @@ class NodeService(csi_pb2_grpc.NodeServicer):
         self._check_volume_id(volume_id)
         target = paths.check_path(request.target_path, "target_path", self._roots)
         with self._inflight.hold(f"node:{volume_id}"), _os_failures():
+            current = self._mounter.mount_at(target)
             for _ in range(8):
                 if not self._mounter.unmount(target) or self._mounter.mount_at(target) is None:
                     break
             self._remove_target(target)
+            device = os.path.join("/dev", current.root.lstrip("/")) if current is not None else ""
+            if current is not None and current.fs_type == "devtmpfs" and _is_block(device):
+                self._sync_block_readonly(device, (current.major, current.minor), current.root)
         return csi_pb2.NodeUnpublishVolumeResponse()
 
     # ------------------------------------------------------------------ stats and expansion

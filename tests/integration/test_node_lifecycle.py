@@ -13,6 +13,7 @@ import pytest
 from csi import loop
 from csi._proto import csi_pb2
 from csi.mount import Mounter
+from csi.mount import device_readonly as mount_readonly
 from tests.conftest import in_ci, require_tool
 from tests.csiclient import assert_code
 from tests.integration.conftest import MiB, NodeEnv, block_cap, mount_cap
@@ -338,3 +339,30 @@ def test_node_info_reports_id_limit_and_topology(node_env: NodeEnv) -> None:
     assert info.node_id == "itest-node"
     assert info.max_volumes_per_node > 0
     assert dict(info.accessible_topology.segments) == {"topology.local.csi.ballast.dev/zone": "local"}
+
+
+def _write_block(path: str) -> None:
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.pwrite(fd, b"\0" * 4096, 0)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def test_readonly_block_publish_refuses_writes_until_unpublished(node_env: NodeEnv) -> None:
+    vol = node_env.volume(16 * MiB)
+    cap = block_cap()
+    node_env.stage(vol, cap)
+    node_env.publish(vol, cap, readonly=True)
+    with pytest.raises(OSError) as err:
+        _write_block(vol.target)
+    assert err.value.errno in (errno.EROFS, errno.EACCES, errno.EPERM)
+    (device,) = loop._devices_for(os.stat(vol.file))
+    writer = str(node_env.kubelet / "pods" / "writer" / "dev")
+    node_env.publish(vol, cap, target=writer)  # a writable publish beside it makes the device writable
+    _write_block(writer)
+    node_env.unpublish(vol, writer)
+    assert mount_readonly(device), "only read-only publishes remain"
+    node_env.unpublish(vol)
+    assert not mount_readonly(device), "no publish left: the device is writable again"
