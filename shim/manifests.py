@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -171,9 +171,10 @@ class Location:
     source: str
     document: int
     item: int | None = None
+    unit: str = "document"  # "page" for lists read from a cluster
 
     def __str__(self) -> str:
-        text = f"{self.source}, document {self.document}"
+        text = f"{self.source}, {self.unit} {self.document}"
         return text if self.item is None else f"{text}, items[{self.item}]"
 
     def error(self, obj: Mapping[str, Any] | None, field: str, problem: str) -> ManifestError:
@@ -227,9 +228,7 @@ def expand_lists(manifests: Sequence[Manifest]) -> list[Manifest]:
     for manifest in manifests:
         if is_list_kind(manifest.obj):
             for i, item in enumerate(manifest.obj["items"]):
-                result.append(
-                    Manifest(Location(manifest.location.source, manifest.location.document, i), item)
-                )
+                result.append(Manifest(replace(manifest.location, item=i), item))
         else:
             result.append(manifest)
     return result
@@ -511,7 +510,7 @@ def check_object(obj: Any, location: Location) -> None:
         if not isinstance(items, list):
             raise location.error(obj, "items", f"must be a list, got {_type_name(items)}")
         for i, item in enumerate(items):
-            check_object(item, Location(location.source, location.document, i))
+            check_object(item, replace(location, item=i))
         return
     known = BUILTIN_KINDS.get(group)
     if known is not None and kind not in known:
@@ -590,7 +589,7 @@ def load_cluster(kubeconfig: str, context: str | None = None) -> list[Manifest]:
                 if not isinstance(items, list):
                     raise ManifestError(f"{source}, page {page}: response has no items list")
                 for i, item in enumerate(items):
-                    location = Location(source, page, i)
+                    location = Location(source, page, i, unit="page")
                     if not isinstance(item, dict):
                         raise ManifestError(f"{location}: expected an object, got {_type_name(item)}")
                     item = {"apiVersion": api_version, "kind": kind, **item}

@@ -341,6 +341,39 @@ def test_translate_failure_exits_1_and_prints_nothing(capsys: pytest.CaptureFixt
     assert "Traceback" not in err
 
 
+def test_translate_json_stream_and_timestamps(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    stream = tmp_path / "pvs.json"
+    first = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": "a", "creationTimestamp": "2026-01-02T03:04:05Z"},
+        "spec": {"cinder": {"volumeID": "c-1"}},
+    }
+    second = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "b"}}
+    stream.write_text(json.dumps(first) + "\n" + json.dumps(second, indent=1))
+    as_yaml = tmp_path / "pv.yaml"
+    as_yaml.write_text(yaml.safe_dump(first).replace("'2026-01-02T03:04:05Z'", "2026-01-02T03:04:05Z"))
+    code, out, _ = run(["translate", str(stream), str(as_yaml), "-o", "json"], capsys)
+    docs = json_stream(out)
+    assert code == 0
+    assert [d["kind"] for d in docs] == ["PersistentVolume", "ConfigMap", "PersistentVolume"]
+    assert docs[0]["spec"]["csi"]["volumeHandle"] == "c-1"
+    assert docs[2]["metadata"]["creationTimestamp"] == "2026-01-02T03:04:05Z"  # not a datetime
+
+
+def test_directories_are_read_recursively_in_sorted_order(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pvs = list(yaml.safe_load_all(PVS.read_text()))
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "z.yml").write_text(yaml.safe_dump(pvs[0]))
+    (tmp_path / "a.json").write_text(json.dumps(pvs[4]))
+    (tmp_path / "notes.md").write_text("not: [a manifest")
+    code, out, _ = run(["translate", str(tmp_path), "-o", "json"], capsys)
+    assert code == 0
+    assert [d["metadata"]["name"] for d in json_stream(out)] == ["pv-cinder", "pv-aws"]
+
+
 # ---------------------------------------------------------------- bad input
 
 
@@ -690,7 +723,7 @@ def test_plan_live_cluster(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert rows[("PersistentVolume", "pvc-4f1d6a2e-aws", "")]["migration"] == "on"
     assert (
         rows[("PersistentVolume", "pvc-4f1d6a2e-aws", "")]["source"]
-        == "cluster persistentvolumes, document 1, items[0]"
+        == "cluster persistentvolumes, page 1, items[0]"
     )
     assert rows[("StorageClass", "standard", "")]["blockers"] == [
         "CSI driver pd.csi.storage.gke.io is not installed (no CSIDriver object)"
