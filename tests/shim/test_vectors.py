@@ -169,3 +169,75 @@ def _scribble(value: Any) -> None:
         for child in list(value):
             _scribble(child)
         value.append("__probe__")
+
+
+# -- Ballast's rules where Kubernetes crashes, is random, or gets malformed JSON (spec 1.5) ----------
+
+TWO_SOURCES_PV = {
+    "metadata": {"name": "pv"},
+    "spec": {"gcePersistentDisk": {"pdName": "d"}, "awsElasticBlockStore": {"volumeID": "vol-1"}},
+}
+TWO_SOURCES_VOLUME = {"name": "v", "cinder": {"volumeID": "c"}, "portworxVolume": {"volumeID": "p"}}
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        pytest.param(lambda: T.translate_in_tree_pv_to_csi(TWO_SOURCES_PV), id="pv-two-sources"),
+        pytest.param(
+            lambda: T.translate_in_tree_inline_volume_to_csi(TWO_SOURCES_VOLUME, "ns"), id="inline-two"
+        ),
+        pytest.param(
+            lambda: T.get_in_tree_plugin_name_from_spec(TWO_SOURCES_PV, None), id="name-two-sources"
+        ),
+        pytest.param(
+            lambda: T.translate_in_tree_storage_class_to_csi("kubernetes.io/gce-pd", None), id="gce-nil-sc"
+        ),
+        pytest.param(
+            lambda: T.translate_in_tree_storage_class_to_csi("kubernetes.io/cinder", None), id="cinder-nil-sc"
+        ),
+        pytest.param(
+            lambda: T.translate_in_tree_inline_volume_to_csi(
+                {"name": "v", "vsphereVolume": {"volumePath": "p", "storagePolicyName": "gold"}}, ""
+            ),
+            id="vsphere-inline-policy",
+        ),
+        pytest.param(lambda: T.translate_in_tree_pv_to_csi(["not", "an", "object"]), id="pv-not-object"),  # type: ignore[arg-type]
+        pytest.param(
+            lambda: T.translate_in_tree_pv_to_csi({"spec": {"gcePersistentDisk": {"pdName": 7}}}),
+            id="pd-name-int",
+        ),
+        pytest.param(
+            lambda: T.translate_in_tree_pv_to_csi({"spec": {"awsElasticBlockStore": {"partition": 2**31}}}),
+            id="partition-beyond-int32",
+        ),
+        pytest.param(
+            lambda: T.translate_csi_pv_to_in_tree(
+                {"spec": {"csi": {"driver": "ebs.csi.aws.com", "volumeAttributes": {"partition": 1}}}}
+            ),
+            id="attribute-not-string",
+        ),
+    ],
+)
+def test_crashes_ambiguity_and_malformed_input_raise(call: Callable[[], Any]) -> None:
+    with pytest.raises(TranslationError):
+        call()
+
+
+def test_ambiguous_objects_are_not_migratable() -> None:
+    assert not T.is_pv_migratable(TWO_SOURCES_PV)
+    assert not T.is_inline_migratable(TWO_SOURCES_VOLUME)
+    assert T.is_pv_migratable({"spec": {"gcePersistentDisk": {"pdName": "d"}}})
+
+
+def test_azure_file_nil_storage_class_is_nil() -> None:
+    assert T.translate_in_tree_storage_class_to_csi("kubernetes.io/azure-file", None) is None
+
+
+def test_later_parameter_wins_when_keys_collide() -> None:
+    sc = {"provisioner": "kubernetes.io/gce-pd", "parameters": {"zone": "a", "zones": "b,c", "FSType": "xfs"}}
+    out = T.translate_in_tree_storage_class_to_csi("kubernetes.io/gce-pd", sc)
+    assert out["allowedTopologies"] == [
+        {"matchLabelExpressions": [{"key": "topology.gke.io/zone", "values": ["b", "c"]}]}
+    ]
+    assert out["parameters"] == {"csi.storage.k8s.io/fstype": "xfs"}
