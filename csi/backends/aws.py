@@ -57,6 +57,7 @@ T = TypeVar("T")
 
 DEFAULT_DRIVER_NAME = "ebs.csi.aws.com"
 TAG_SOURCE_VOLUME = "CSISourceVolumeId"  # set on clones: CreateVolume idempotency compares it
+TAG_READONLY_PREFIX = "ballast.dev/published-readonly/"  # + instance id: published read-only there
 TAG_CONTEXT_PREFIX = "ballast.dev/volume-context/"  # one tag per generic volume_context entry (fsType, ...)
 LIVE_VOLUME_STATES = ["creating", "available", "in-use", "error"]
 ATTACHED_STATES = ("attaching", "attached")
@@ -272,7 +273,9 @@ class AwsBackend(Backend):
             source=source,
             attachments=tuple(
                 Attachment(
-                    node_id=a["InstanceId"], publish_context={keys.PC_DEVICE_PATH: a.get("Device", "")}
+                    node_id=a["InstanceId"],
+                    readonly=TAG_READONLY_PREFIX + a["InstanceId"] in tags,
+                    publish_context={keys.PC_DEVICE_PATH: a.get("Device", "")},
                 )
                 for a in volume.get("Attachments", [])
                 if a.get("State") in ATTACHED_STATES
@@ -618,8 +621,8 @@ class AwsBackend(Backend):
     def attach(self, volume_id: str, node_id: str, readonly: bool) -> dict[str, str]:
         """Attach under a free device name and wait until EC2 reports it attached.
 
-        EBS has no read-only attachments: `readonly` is enforced by the node's mount, so it does not
-        change the publish context."""
+        EBS has no read-only attachments: the node's mount enforces `readonly`; the flag is remembered in
+        a volume tag so a republish with the other flag is refused (AlreadyExistsError)."""
         vid = P.volume_id(volume_id)
         with self._locks.hold(vid):
             volume = self._describe_volume(vid)
@@ -628,6 +631,10 @@ class AwsBackend(Backend):
                 if a.get("State") not in ATTACHED_STATES:
                     continue
                 if a["InstanceId"] == node_id:
+                    if (TAG_READONLY_PREFIX + node_id in _tags(volume)) != readonly:
+                        raise AlreadyExistsError(
+                            f"volume {vid} is already published to {node_id} with readonly={not readonly}"
+                        )
                     self._wait_attached(vid, node_id)
                     return {keys.PC_DEVICE_PATH: a["Device"]}
                 if not volume.get("MultiAttachEnabled"):
@@ -646,11 +653,20 @@ class AwsBackend(Backend):
             used.append(root)
             device = self._names.reserve(node_id, used)
             try:
+                if readonly or TAG_READONLY_PREFIX + node_id in _tags(volume):  # set, or clear a stale one
+                    self._mark_readonly(vid, node_id, readonly)
                 self.ec2.call("attach_volume", VolumeId=vid, InstanceId=node_id, Device=device)
                 self._wait_attached(vid, node_id)
             finally:
                 self._names.release(node_id, device)
             return {keys.PC_DEVICE_PATH: device}
+
+    def _mark_readonly(self, vid: str, node_id: str, readonly: bool) -> None:
+        key = TAG_READONLY_PREFIX + node_id
+        if readonly:
+            self.ec2.call("create_tags", Resources=[vid], Tags=[{"Key": key, "Value": "true"}])
+        else:
+            self.ec2.call("delete_tags", Resources=[vid], Tags=[{"Key": key}])
 
     def _wait_attached(self, vid: str, node_id: str) -> None:
         def check() -> bool | None:
@@ -680,6 +696,8 @@ class AwsBackend(Backend):
                 )
 
             self._poll(f"volume {vid} to detach from {node_id}", check)
+            if TAG_READONLY_PREFIX + node_id in _tags(volume):
+                self._mark_readonly(vid, node_id, False)
 
     # ------------------------------------------------------------------ snapshots
 

@@ -238,3 +238,15 @@ def test_configured_attach_limit_is_enforced(make_backend: Callable[..., AwsBack
     with pytest.raises(LimitExceededError, match="2 volumes"):
         backend.attach(third, instance, False)
     assert backend.attach(first, instance, False) == {"devicePath": "/dev/xvdba"}  # republish still fine
+
+
+def test_republish_with_the_other_readonly_flag_already_exists(backend: AwsBackend, instance: str) -> None:
+    vid = volume(backend, "pvc-ro")
+    backend.attach(vid, instance, True)
+    assert backend.attach(vid, instance, True) == {"devicePath": "/dev/xvdba"}
+    assert [a.readonly for a in backend.get_volume(vid).attachments] == [True]
+    with pytest.raises(AlreadyExistsError, match="readonly"):
+        backend.attach(vid, instance, False)
+    backend.detach(vid, instance)
+    assert backend.attach(vid, instance, False) == {"devicePath": "/dev/xvdba"}
+    assert [a.readonly for a in backend.get_volume(vid).attachments] == [False]
