@@ -11,18 +11,40 @@ import errno
 import fcntl
 import os
 
+from csi.backends.base import OutOfCapacityError
+
 FICLONE = 0x40049409  # _IOW(0x94, 9, int)
 _NO_REFLINK = {errno.EOPNOTSUPP, errno.ENOTTY, errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EPERM}
 CHUNK = 8 * 1024 * 1024
 
 
+def _no_space(exc: BaseException, path: str) -> OutOfCapacityError | None:
+    """ENOSPC/EDQUOT while writing `path` -> the backend error naming the filesystem to free."""
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return OutOfCapacityError(
+            f"no space left on the filesystem holding {os.path.dirname(path)} ({exc.strerror}); "
+            "free space there and retry"
+        )
+    return None
+
+
 def create_sparse(path: str, size: int) -> None:
-    """A new file of `size` bytes with no data blocks. Refuses to overwrite (FileExistsError)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    """A new file of `size` bytes with no data blocks. Refuses to overwrite (FileExistsError).
+    No space for it -> OutOfCapacityError, and no file is left."""
     try:
-        os.ftruncate(fd, size)
-    finally:
-        os.close(fd)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.ftruncate(fd, size)
+        except BaseException:
+            os.close(fd)
+            remove(path)
+            raise
+    except OSError as exc:
+        full = _no_space(exc, path)
+        if full is None:
+            raise
+        raise full from exc
+    os.close(fd)
 
 
 def _reflink(src_fd: int, dst_fd: int) -> bool:
@@ -58,7 +80,7 @@ def copy(src: str, dst: str, size: int | None = None) -> bool:
     """Point-in-time copy of `src` into the new file `dst`, then grown to `size` if larger.
 
     Returns True when the copy shares blocks (reflink). Refuses to overwrite `dst`; on failure `dst`
-    is removed. A missing `src` raises FileNotFoundError.
+    is removed. A missing `src` raises FileNotFoundError; no space -> OutOfCapacityError.
     """
     src_fd = os.open(src, os.O_RDONLY)
     try:
@@ -72,10 +94,13 @@ def copy(src: str, dst: str, size: int | None = None) -> bool:
             if size is not None and size > length:
                 os.ftruncate(dst_fd, size)
             os.fsync(dst_fd)
-        except BaseException:
+        except BaseException as exc:
             os.close(dst_fd)
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(dst)
+            full = _no_space(exc, dst)
+            if full is not None:
+                raise full from exc
             raise
         os.close(dst_fd)
     finally:

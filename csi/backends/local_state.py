@@ -9,6 +9,7 @@ Thread-safe: one connection guarded by a lock; several processes may share the f
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
@@ -115,6 +116,7 @@ def _group(r: sqlite3.Row) -> GroupRow:
 
 class Store:
     def __init__(self, path: str) -> None:
+        self.path = path
         self._lock = threading.Lock()
         self._db = sqlite3.connect(path, timeout=30.0, isolation_level=None, check_same_thread=False)
         self._db.row_factory = sqlite3.Row
@@ -129,15 +131,23 @@ class Store:
 
     @contextmanager
     def tx(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction (BEGIN IMMEDIATE ... COMMIT); rolled back if the block raises."""
+        """One write transaction (BEGIN IMMEDIATE ... COMMIT); rolled back if the block or the COMMIT
+        raises, so a failed COMMIT never leaves the connection inside a transaction. A full disk ->
+        OutOfCapacityError naming the filesystem to free."""
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 yield self._db
-            except BaseException:
-                self._db.execute("ROLLBACK")
+                self._db.execute("COMMIT")
+            except BaseException as exc:
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+                if getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL:
+                    raise OutOfCapacityError(
+                        f"the filesystem holding {os.path.dirname(self.path)} is full, so the state "
+                        "database cannot record the change; free space there and retry"
+                    ) from exc
                 raise
-            self._db.execute("COMMIT")
 
     def _read(self, sql: str, args: Sequence[Any] = ()) -> list[sqlite3.Row]:
         with self._lock:
