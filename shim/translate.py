@@ -45,9 +45,9 @@ def default_plugins() -> tuple[InTreePlugin, ...]:
 def json_copy(value: Any) -> Any:
     """Deep copy of a JSON value (dicts, lists, scalars); faster than copy.deepcopy."""
     if isinstance(value, dict):
-        return {k: json_copy(v) for k, v in value.items()}
+        return {k: json_copy(v) if isinstance(v, dict | list) else v for k, v in value.items()}
     if isinstance(value, list):
-        return [json_copy(v) for v in value]
+        return [json_copy(v) if isinstance(v, dict | list) else v for v in value]
     return value
 
 
@@ -70,10 +70,15 @@ class Translator:
     # -- dispatch -----------------------------------------------------------------------------------
 
     def _pv_plugins(self, pv: JSON) -> list[InTreePlugin]:
-        return [p for p in self._plugins if p.can_support(pv)]
+        spec = fields.child(pv, "spec")
+        if spec is None:
+            return []
+        return [p for p in self._plugins if spec.get(p.source_key) is not None and p.can_support(pv)]
 
     def _inline_plugins(self, volume: JSON) -> list[InTreePlugin]:
-        return [p for p in self._plugins if p.can_support_inline(volume)]
+        return [
+            p for p in self._plugins if volume.get(p.source_key) is not None and p.can_support_inline(volume)
+        ]
 
     @staticmethod
     def _one(found: list[InTreePlugin], what: str) -> InTreePlugin:
