@@ -89,6 +89,14 @@ MUTABLE_PARAMETERS: dict[str, Callable[[str], str]] = {
 }
 
 
+class _VolumeLock:
+    """A per-volume lock and how many threads hold or wait for it."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.users = 0
+
+
 class LocalBackend(Backend):
     def __init__(
         self,
@@ -132,7 +140,7 @@ class LocalBackend(Backend):
             max_volumes_per_node=self.max_volumes,
         )
         self._loop = loop
-        self._locks: dict[str, threading.Lock] = {}
+        self._locks: dict[str, _VolumeLock] = {}
         self._locks_guard = threading.Lock()
         check_state(data_dir)  # unreadable, or lost while files exist: refuse rather than reconcile
         self.store = Store(os.path.join(data_dir, "state.db"))
@@ -170,13 +178,24 @@ class LocalBackend(Backend):
 
     @contextmanager
     def _locked(self, *ids: str) -> Iterator[None]:
-        """Serialise file changes per volume; several ids are taken in sorted order (no deadlock)."""
+        """Serialise file changes per volume; several ids are taken in sorted order (no deadlock).
+        A lock lives only while someone holds or waits for it, so the table does not grow."""
+        keys_ = sorted(set(ids))
         with self._locks_guard:
-            locks = [self._locks.setdefault(i, threading.Lock()) for i in sorted(set(ids))]
-        with ExitStack() as stack:
-            for lock in locks:
-                stack.enter_context(lock)
-            yield
+            entries = [self._locks.setdefault(k, _VolumeLock()) for k in keys_]
+            for entry in entries:
+                entry.users += 1
+        try:
+            with ExitStack() as stack:
+                for entry in entries:
+                    stack.enter_context(entry.lock)
+                yield
+        finally:
+            with self._locks_guard:
+                for k, entry in zip(keys_, entries, strict=True):
+                    entry.users -= 1
+                    if not entry.users:
+                        del self._locks[k]
 
     def _row(self, volume_id: str) -> VolumeRow:
         self.volume_path(volume_id)
@@ -309,8 +328,17 @@ class LocalBackend(Backend):
                     ) from exc
         try:
             row = self.store.insert_volume(
-                volume_id, name, options.size_bytes, spec, dict(options.mutable_parameters), time.time()
+                volume_id,
+                name,
+                options.size_bytes,
+                spec,
+                dict(options.mutable_parameters),
+                time.time(),
+                capacity_limit=self.capacity_limit,
             )
+        except OutOfCapacityError:
+            files.remove(path)
+            raise
         except NameTaken:
             files.remove(path)
             winner = self.store.volume_by_name(name)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator
+from concurrent import futures
 from pathlib import Path
 from typing import Any
 
@@ -380,3 +382,30 @@ def test_node_identity_reports_topology(data: Path) -> None:
     assert (ident.node_id, dict(ident.topology)) == ("n7", {ZONE_KEY: "z1", REGION_KEY: "r1"})
     assert ident.max_volumes > 0
     be.close()
+
+
+def test_concurrent_creates_never_exceed_the_capacity_limit(data: Path) -> None:
+    be = open_backend(data, capacity_bytes=10 * MiB)
+    barrier = threading.Barrier(8)
+
+    def one(i: int) -> bool:
+        barrier.wait()
+        try:
+            be.create_volume(f"v{i}", DiskOptions(size_bytes=3 * MiB))
+        except base.OutOfCapacityError:
+            return False
+        return True
+
+    with futures.ThreadPoolExecutor(8) as pool:
+        made = sum(pool.map(one, range(8)))
+    assert made == 3
+    assert len(volume_files(data)) == 3, "a refused create must not leave its file behind"
+    be.close()
+
+
+def test_volume_locks_are_dropped_when_released(be: LocalBackend) -> None:
+    vols = [be.create_volume(f"v{i}", DiskOptions(size_bytes=MiB)) for i in range(3)]
+    be.create_group_snapshot("g", [v.id for v in vols], {})
+    be.expand_volume(vols[0].id, 2 * MiB)
+    be.delete_volume(vols[1].id)
+    assert be._locks == {}
