@@ -327,10 +327,9 @@ def in_tree_pv(draw: st.DrawFn) -> JSONDict:
     plugin = draw(st.sampled_from(IN_TREE_NAMES))
     key = PLUGINS[plugin][0]
     spec = draw(pv_common_spec)
-    source = draw(in_tree_source(key, inline=False))
-    if key not in ("azureDisk",):
-        source.pop("fsType", None) if source.get("fsType") == "" else None
-    spec[key] = source
+    spec[key] = draw(in_tree_source(key, inline=False))
+    if draw(st.integers(0, 7)) == 0:  # a stale CSI source is replaced (Kubernetes dispatches on in-tree keys)
+        spec["csi"] = {"driver": "other.csi.io", "volumeHandle": "stale"}
     return pv_shell(draw(maybe(NON_EMPTY)), draw(pv_labels), draw(pv_annotations), spec)
 
 
@@ -437,6 +436,8 @@ def csi_pv(draw: st.DrawFn) -> JSONDict:
     spec["csi"] = csi
     if draw(st.booleans()):
         spec["nodeAffinity"] = draw(csi_affinity(driver))
+    if draw(st.integers(0, 7)) == 0:  # an in-tree source next to the CSI one is carried over
+        spec["cinder"] = {"volumeID": "kept"}
     return pv_shell(draw(maybe(NON_EMPTY)), draw(pv_labels), draw(pv_annotations), spec)
 
 

@@ -241,3 +241,13 @@ def test_later_parameter_wins_when_keys_collide() -> None:
         {"matchLabelExpressions": [{"key": "topology.gke.io/zone", "values": ["b", "c"]}]}
     ]
     assert out["parameters"] == {"csi.storage.k8s.io/fstype": "xfs"}
+
+
+def test_in_tree_source_wins_over_a_stale_csi_source() -> None:
+    """Kubernetes v0.37.2 dispatches on in-tree keys only and replaces `csi` (the spec says "error")."""
+    pv = {"spec": {"csi": {"driver": "x", "volumeHandle": "h"}, "cinder": {"volumeID": "c"}}}
+    assert T.translate_in_tree_pv_to_csi(pv)["spec"] == {
+        "csi": {"driver": "cinder.csi.openstack.org", "volumeHandle": "c"}
+    }
+    with pytest.raises(TranslationError):
+        T.translate_in_tree_pv_to_csi({"spec": {"csi": {"driver": "x", "volumeHandle": "h"}}})
