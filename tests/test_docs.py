@@ -19,7 +19,7 @@ from tests.conftest import REPO
 DOCS = REPO / "docs"
 CONFIGURATION = DOCS / "configuration.md"
 CHART = REPO / "charts" / "ballast-csi"
-GUIDES = ("install.md", "configuration.md", "migration.md", "writing-a-backend.md")
+GUIDES = ("README.md", "install.md", "configuration.md", "migration.md", "writing-a-backend.md")
 
 
 def mentioned(text: str, token: str) -> bool:
