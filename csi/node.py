@@ -99,6 +99,15 @@ def _is_block(path: str) -> bool:
         return False
 
 
+def _whole_device(device: str) -> str:
+    """/dev/loop0p1 -> /dev/loop0 (the disk a partition belongs to); a whole disk -> itself."""
+    real = os.path.realpath(device)
+    sys_path = os.path.realpath(f"/sys/class/block/{os.path.basename(real)}")
+    if os.path.exists(os.path.join(sys_path, "partition")):
+        return "/dev/" + os.path.basename(os.path.dirname(sys_path))
+    return real
+
+
 @contextlib.contextmanager
 def _os_failures() -> Iterator[None]:
     """OS-layer failures become INTERNAL with their (actionable) message."""
@@ -208,11 +217,28 @@ class NodeService(csi_pb2_grpc.NodeServicer):
             device = self._device(volume_id, request.publish_context, partition)
             if not block:
                 readonly = self._readonly(cap, flags)
-                with _os_failures():
-                    self._stage_filesystem(device, staging, fs_type, explicit, flags, readonly, vc)
+                try:
+                    with _os_failures():
+                        self._stage_filesystem(device, staging, fs_type, explicit, flags, readonly, vc)
+                except BaseException:
+                    self._release_if_unused(volume_id, device)
+                    raise
             with self._lock:
                 self._staged[volume_id] = staging
         return csi_pb2.NodeStageVolumeResponse()
+
+    def _release_if_unused(self, volume_id: str, device: str) -> None:
+        """After a failed stage: release the device unless a mount still uses it. The CO never unstages
+        a stage that failed with a final error, so a device kept here would stay attached for good."""
+        whole = _whole_device(device)
+        dev_numbers, dev_root = self._devtmpfs_numbers(whole)
+        for m in self._mounter.mounts():
+            if _belongs((m.major, m.minor), whole) or (
+                (m.major, m.minor) == dev_numbers and m.root.startswith(dev_root)
+            ):
+                return
+        with contextlib.suppress(Exception):  # best effort: the original failure is what the CO sees
+            self._backend.release_device(volume_id)
 
     def _stage_filesystem(
         self,
