@@ -13,6 +13,7 @@ import pytest
 
 from csi import keys
 from csi.backends import base
+from csi.backends import local_files as files
 from csi.backends.base import ContentSource, DiskOptions, SourceKind
 from csi.backends.local import LocalBackend
 
@@ -409,3 +410,39 @@ def test_volume_locks_are_dropped_when_released(be: LocalBackend) -> None:
     be.expand_volume(vols[0].id, 2 * MiB)
     be.delete_volume(vols[1].id)
     assert be._locks == {}
+
+
+def test_group_snapshot_holds_every_member_until_all_are_copied(
+    be: LocalBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    vols = [be.create_volume(f"v{i}", DiskOptions(size_bytes=MiB)) for i in range(2)]
+    copying, resume = threading.Event(), threading.Event()
+    events: list[str] = []
+    real_copy = files.copy
+
+    def slow_copy(src: str, dst: str, size: int | None = None) -> bool:
+        copying.set()
+        resume.wait(5)
+        events.append("copied")
+        return real_copy(src, dst, size)
+
+    monkeypatch.setattr(files, "copy", slow_copy)
+    group = threading.Thread(target=be.create_group_snapshot, args=("g", [v.id for v in vols], {}))
+    group.start()
+    assert copying.wait(5)
+
+    def expand_last_member() -> None:
+        be.expand_volume(vols[1].id, 2 * MiB)
+        events.append("expanded")
+
+    expand = threading.Thread(target=expand_last_member)
+    expand.start()
+    expand.join(0.2)
+    assert expand.is_alive(), "a member changed while its group snapshot was being taken"
+    resume.set()
+    group.join(5)
+    expand.join(5)
+    assert events == ["copied", "copied", "expanded"]
+    row = be.store.group_by_name("g")
+    assert row is not None
+    assert [s.size_bytes for s in be.get_group_snapshot(row.id).snapshots] == [MiB, MiB]
