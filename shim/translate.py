@@ -6,10 +6,15 @@ these deliberate rules where Kubernetes crashes or is nondeterministic:
   StorageClass, where None is returned as Kubernetes does;
 - an object carrying two in-tree sources is ambiguous and raises (Kubernetes picks one at random);
   `is_pv_migratable` / `is_inline_migratable` are True only when exactly one plugin matches;
-- where two parameter / attribute keys write the same output slot, the later key in the object wins.
+- where two parameter / attribute keys write the same output slot, the later key in the object wins;
+- an inline vSphere volume with storagePolicyName raises (Kubernetes dereferences nil there).
+As in Kubernetes v0.37.2, PVs are dispatched on their in-tree source only: a stale `csi` next to it
+is replaced.
 
 Every method copies its input first and never mutates arguments. Objects are plain Kubernetes JSON
-dicts; outputs omit zero-valued fields the way Kubernetes' JSON does.
+dicts; fields the shim writes omit zero values the way Kubernetes' JSON does, while fields it only
+carries over are kept as given (Kubernetes' typed decoding would drop unknown or zero-valued ones).
+A field of the wrong JSON type raises TranslationError, as Kubernetes' decoder would refuse it.
 """
 
 from __future__ import annotations

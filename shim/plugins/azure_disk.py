@@ -63,13 +63,13 @@ def _to_csi(driver: str, azure: JSON, *, inline: bool) -> JSON:
     )
 
 
-def _blank_numeric_zones(terms: list[JSON] | None) -> list[JSON] | None:
+def _blank_numeric_zones(terms: list[JSON] | None) -> None:
+    """Numeric fault domains (`^[0-9]+$`) of the driver's zone key become "" (non-zonal regions)."""
     for term in terms or []:
         for req in fields.obj_list(term, "matchLabelExpressions") or []:
             values = fields.str_list(req, "values")
             if fields.string(req, "key") == TOPOLOGY_KEY and values:
-                req["values"] = ["" if _UNZONED.fullmatch(v) and v.isascii() else v for v in values]
-    return terms
+                req["values"] = ["" if _UNZONED.fullmatch(v) else v for v in values]
 
 
 class AzureDisk(base.InTreePlugin):
