@@ -1,0 +1,331 @@
+"""Injected faults on the local backend and the node layer, with real files, loop devices and mounts.
+
+After each fault: the RPC fails with the right code and a message saying what to do, the retry
+succeeds once the fault is gone, state and disk agree (no file without its record or record without
+its file, no loop device or mount left), and data written before the fault is still there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+import csi.node
+from csi._proto import csi_pb2
+from csi.mount import Mounter
+from tests.csiclient import assert_code
+from tests.reliability.conftest import (
+    MiB,
+    assert_consistent,
+    fill,
+    loops_over,
+    mount_cap,
+    read_state,
+)
+from tests.reliability.inprocess import NODE_ID, FaultRunner, Local, ScarceLoop, start_local
+
+pytestmark = pytest.mark.root
+Code = grpc.StatusCode
+
+
+@pytest.fixture
+def local(leak_check: Path, root_tools: None) -> Iterator[Local]:
+    env = start_local(leak_check)
+    yield env
+    env.stop()
+
+
+def write_user_data(path: str, size: int = 4 * MiB) -> str:
+    """Random bytes at the start of `path`, synced; returns their digest."""
+    payload = os.urandom(size)
+    with open(path, "r+b") as f:
+        f.write(payload)
+        f.flush()
+        os.fsync(f.fileno())
+    return hashlib.sha256(payload).hexdigest()
+
+
+def digest_of(path: str, size: int = 4 * MiB) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read(size)).hexdigest()
+
+
+def volume_file(env: Local, volume_id: str) -> str:
+    return str(env.data_dir / "volumes" / f"{volume_id}.img")
+
+
+# ---------------------------------------------------------------------------- transient backend errors
+
+
+def _create(env: Local, ids: dict[str, str]) -> tuple[Callable[..., Any], Any]:
+    return env.client.controller.CreateVolume, csi_pb2.CreateVolumeRequest(
+        name="flaky-create",
+        capacity_range=csi_pb2.CapacityRange(required_bytes=16 * MiB),
+        volume_capabilities=[mount_cap()],
+    )
+
+
+def _clone(env: Local, ids: dict[str, str]) -> tuple[Callable[..., Any], Any]:
+    call, req = _create(env, ids)
+    req.name = "flaky-clone"
+    req.capacity_range.required_bytes = 32 * MiB
+    req.volume_content_source.volume.volume_id = ids["vol"]
+    return call, req
+
+
+def _delete(env: Local, ids: dict[str, str]) -> tuple[Callable[..., Any], Any]:
+    return env.client.controller.DeleteVolume, csi_pb2.DeleteVolumeRequest(volume_id=ids["spare"])
+
+
+def _attach(env: Local, ids: dict[str, str]) -> tuple[Callable[..., Any], Any]:
+    return env.client.controller.ControllerPublishVolume, csi_pb2.ControllerPublishVolumeRequest(
+        volume_id=ids["spare"], node_id=NODE_ID, volume_capability=mount_cap()
+    )
+
+
+def _snapshot(env: Local, ids: dict[str, str]) -> tuple[Callable[..., Any], Any]:
+    return env.client.controller.CreateSnapshot, csi_pb2.CreateSnapshotRequest(
+        name="flaky-snap", source_volume_id=ids["vol"]
+    )
+
+
+def _expand(env: Local, ids: dict[str, str]) -> tuple[Callable[..., Any], Any]:
+    return env.client.controller.ControllerExpandVolume, csi_pb2.ControllerExpandVolumeRequest(
+        volume_id=ids["vol"], capacity_range=csi_pb2.CapacityRange(required_bytes=48 * MiB)
+    )
+
+
+def _stage(env: Local, ids: dict[str, str]) -> tuple[Callable[..., Any], Any]:
+    return env.client.node.NodeStageVolume, env.stage_request(ids["vol"], env.publish_context(ids["vol"]))
+
+
+TRANSIENT = [
+    pytest.param(_create, "create_volume", id="CreateVolume"),
+    pytest.param(_clone, "create_volume", id="CreateVolume-clone"),
+    pytest.param(_delete, "delete_volume", id="DeleteVolume"),
+    pytest.param(_attach, "attach", id="ControllerPublishVolume"),
+    pytest.param(_snapshot, "create_snapshot", id="CreateSnapshot"),
+    pytest.param(_expand, "expand_volume", id="ControllerExpandVolume"),
+    pytest.param(_stage, "resolve_device", id="NodeStageVolume"),
+]
+
+
+@pytest.mark.parametrize(("build", "operation"), TRANSIENT)
+def test_transient_backend_error_is_unavailable_and_the_retry_succeeds(
+    local: Local, build: Callable[[Local, dict[str, str]], tuple[Callable[..., Any], Any]], operation: str
+) -> None:
+    ids = {"vol": local.create(), "spare": local.create(8 * MiB)}
+    digest = write_user_data(volume_file(local, ids["vol"]))
+    before = assert_consistent(local.data_dir)
+    call, request = build(local, ids)
+
+    local.backend.fail(operation)
+    message = assert_code(call, request, Code.UNAVAILABLE, contains="retry")
+    assert "injected" in message
+    assert assert_consistent(local.data_dir) == before, "a failed call must change nothing"
+
+    call(request, timeout=60)
+    call(request, timeout=60)  # and the retry is idempotent
+    assert_consistent(local.data_dir)
+    if operation == "resolve_device":
+        local.unstage(ids["vol"])  # staging formatted the (signature-less) volume: no digest to compare
+    else:
+        assert digest_of(volume_file(local, ids["vol"])) == digest
+    assert loops_over(local.data_dir) == []
+
+
+# ---------------------------------------------------------------------------- node layer
+
+
+@pytest.fixture
+def runner(monkeypatch: pytest.MonkeyPatch) -> FaultRunner:
+    """Every node command runs for real through this runner (mount too: no libc fast path)."""
+    fr = FaultRunner()
+    monkeypatch.setattr(csi.node, "Mounter", lambda: Mounter(runner=fr, syscalls=False))
+    return fr
+
+
+@pytest.fixture
+def node_local(leak_check: Path, root_tools: None, runner: FaultRunner) -> Iterator[Local]:
+    env = start_local(leak_check)
+    yield env
+    env.stop()
+
+
+def _assert_not_staged(env: Local, volume_id: str) -> None:
+    """A failed stage may never be retried (the kubelet gives up on a final error and never unstages),
+    so it must leave neither a mount nor the loop device it attached."""
+    mounted = [m.mount_point for m in Mounter().mounts() if m.mount_point.startswith(str(env.tmp) + "/")]
+    assert mounted == [], f"a failed stage left mounts {mounted}"
+    assert loops_over(env.data_dir) == [], "a failed stage left its loop device attached"
+
+
+def test_mkfs_failure_is_reported_formats_nothing_and_the_retry_formats(
+    node_local: Local, runner: FaultRunner
+) -> None:
+    env = node_local
+    vid = env.create()
+    pc = env.publish_context(vid)
+    runner.fail("mkfs.ext4", "mkfs.ext4: Input/output error while writing out and closing file system")
+    message = assert_code(env.client.node.NodeStageVolume, env.stage_request(vid, pc), Code.INTERNAL)
+    assert "mkfs.ext4" in message and "Input/output error" in message
+    _assert_not_staged(env, vid)
+
+    mark = len(runner.calls)
+    env.client.node.NodeStageVolume(env.stage_request(vid, pc), timeout=60)
+    assert ("mkfs.ext4",) in [c[:1] for c in runner.calls[mark:]], "the retry formats the still-blank device"
+    env.publish(vid, pc)
+    Path(env.target(vid), "kept.txt").write_text("written after the retry")
+    env.unpublish(vid)
+    env.unstage(vid)
+    assert loops_over(env.data_dir) == []
+
+
+def test_mount_failure_leaves_nothing_mounted_and_loses_no_data(
+    node_local: Local, runner: FaultRunner
+) -> None:
+    env = node_local
+    vid = env.create()
+    pc = env.publish_context(vid)
+    env.client.node.NodeStageVolume(env.stage_request(vid, pc), timeout=60)
+    env.publish(vid, pc)
+    Path(env.target(vid), "precious.txt").write_text("data written before the fault")
+    env.unpublish(vid)
+    env.unstage(vid)
+
+    mark = len(runner.calls)
+    runner.fail("mount", "mount: /staging: wrong fs type, bad option, bad superblock on /dev/loop9")
+    message = assert_code(env.client.node.NodeStageVolume, env.stage_request(vid, pc), Code.INTERNAL)
+    assert "mount" in message and "bad superblock" in message
+    _assert_not_staged(env, vid)
+    reformatted = [c for c in runner.calls[mark:] if c[0].startswith("mkfs")]
+    assert not reformatted, "a device with a filesystem was formatted again"
+
+    env.client.node.NodeStageVolume(env.stage_request(vid, pc), timeout=60)
+    env.publish(vid, pc)
+    assert Path(env.target(vid), "precious.txt").read_text() == "data written before the fault"
+    env.unpublish(vid)
+    env.unstage(vid)
+    assert loops_over(env.data_dir) == []
+
+
+@pytest.fixture
+def scarce(leak_check: Path, root_tools: None) -> Iterator[tuple[Local, ScarceLoop]]:
+    seam = ScarceLoop()
+    env = start_local(leak_check, None, seam)
+    yield env, seam
+    env.stop()
+
+
+def test_no_free_loop_device_is_unavailable_with_advice(scarce: tuple[Local, ScarceLoop]) -> None:
+    env, seam = scarce
+    vid = env.create()
+    pc = env.publish_context(vid)
+    seam.exhausted = True
+    message = assert_code(env.client.node.NodeStageVolume, env.stage_request(vid, pc), Code.UNAVAILABLE)
+    assert "no free loop device" in message and "losetup -d" in message
+    assert seam.attempts == 1
+    _assert_not_staged(env, vid)
+    assert loops_over(env.data_dir) == []
+
+    seam.exhausted = False
+    env.client.node.NodeStageVolume(env.stage_request(vid, pc), timeout=60)
+    assert len(loops_over(env.data_dir)) == 1
+    env.unstage(vid)
+    assert loops_over(env.data_dir) == []
+
+
+# ---------------------------------------------------------------------------- a full data dir
+
+
+@pytest.fixture
+def full(small_fs: Path) -> Iterator[Local]:
+    env = start_local(small_fs.parent, small_fs / "data")
+    yield env
+    env.stop()
+
+
+def test_full_data_dir_is_resource_exhausted_and_keeps_nothing_half_made(full: Local, small_fs: Path) -> None:
+    env = full
+    vid = env.create(24 * MiB, name="full-source")
+    digest = write_user_data(volume_file(env, vid), 16 * MiB)
+    filler = fill(small_fs)
+    before = assert_consistent(env.data_dir)
+
+    snap = csi_pb2.CreateSnapshotRequest(name="full-snap", source_volume_id=vid)
+    message = assert_code(env.client.controller.CreateSnapshot, snap, Code.RESOURCE_EXHAUSTED)
+    assert str(env.data_dir) in message, message
+    clone = csi_pb2.CreateVolumeRequest(
+        name="full-clone",
+        capacity_range=csi_pb2.CapacityRange(required_bytes=24 * MiB),
+        volume_capabilities=[mount_cap()],
+        volume_content_source=csi_pb2.VolumeContentSource(
+            volume=csi_pb2.VolumeContentSource.VolumeSource(volume_id=vid)
+        ),
+    )
+    message = assert_code(env.client.controller.CreateVolume, clone, Code.RESOURCE_EXHAUSTED)
+    assert str(env.data_dir) in message, message
+    assert assert_consistent(env.data_dir) == before
+    assert digest_of(volume_file(env, vid), 16 * MiB) == digest
+
+    filler.unlink()
+    snap_id = env.client.controller.CreateSnapshot(snap, timeout=60).snapshot.snapshot_id
+    clone_id = env.client.controller.CreateVolume(clone, timeout=60).volume.volume_id
+    assert digest_of(str(env.data_dir / "snapshots" / f"{snap_id}.img"), 16 * MiB) == digest
+    assert digest_of(volume_file(env, clone_id), 16 * MiB) == digest
+    assert digest_of(volume_file(env, vid), 16 * MiB) == digest
+    assert_consistent(env.data_dir)
+
+
+def test_full_state_database_is_resource_exhausted_and_leaves_no_orphan_file(
+    full: Local, small_fs: Path
+) -> None:
+    """With not a block left, even an empty (sparse) volume cannot be recorded."""
+    env = full
+    env.create(8 * MiB, name="fits")
+    filler = fill(small_fs)
+    pad = small_fs / "pad"
+    with open(pad, "wb") as f:  # the last few blocks fallocate left
+        while True:
+            try:
+                f.write(b"\0" * 4096)
+                f.flush()
+            except OSError:
+                break
+    before = read_state(env.data_dir)
+    names = [f"cannot-fit-{i}" for i in range(3)]
+    refused = 0
+    for name in names:
+        req = csi_pb2.CreateVolumeRequest(
+            name=name,
+            capacity_range=csi_pb2.CapacityRange(required_bytes=8 * MiB),
+            volume_capabilities=[mount_cap()],
+        )
+        try:
+            env.client.controller.CreateVolume(req, timeout=60)
+        except grpc.RpcError as err:
+            assert err.code() == Code.RESOURCE_EXHAUSTED, err.details()
+            assert f"{env.data_dir} is full" in (err.details() or ""), err.details()
+            refused += 1
+    assert refused, "the fault did not happen: every create fitted"
+    after = assert_consistent(env.data_dir)
+    assert set(after.names) >= set(before.names)
+
+    filler.unlink()
+    pad.unlink()
+    for name in names:
+        env.client.controller.CreateVolume(
+            csi_pb2.CreateVolumeRequest(
+                name=name,
+                capacity_range=csi_pb2.CapacityRange(required_bytes=8 * MiB),
+                volume_capabilities=[mount_cap()],
+            ),
+            timeout=60,
+        )
+    assert set(assert_consistent(env.data_dir).names) == {"fits", *names}
