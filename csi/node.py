@@ -178,6 +178,7 @@ class NodeService(csi_pb2_grpc.NodeServicer):
                 if not os.path.exists(target):
                     self._mounter.add_partitions(device)
             if not os.path.exists(target):
+                self._release_if_unused(volume_id, device)
                 raise FailedPrecondition(f"partition {partition} of {device} does not exist")
         with _os_failures():
             _rdev(target)

@@ -366,3 +366,19 @@ def test_readonly_block_publish_refuses_writes_until_unpublished(node_env: NodeE
     assert mount_readonly(device), "only read-only publishes remain"
     node_env.unpublish(vol)
     assert not mount_readonly(device), "no publish left: the device is writable again"
+
+
+def test_missing_partition_is_failed_precondition_and_releases_the_device(node_env: NodeEnv) -> None:
+    vol = node_env.volume(16 * MiB)
+    request = csi_pb2.NodeStageVolumeRequest(
+        volume_id=vol.id,
+        staging_target_path=vol.staging,
+        volume_capability=mount_cap(),
+        publish_context=vol.publish_context,
+        volume_context={"partition": "3"},
+    )
+    assert_code(
+        node_env.client.node.NodeStageVolume, request, grpc.StatusCode.FAILED_PRECONDITION, contains="3"
+    )
+    assert loop._devices_for(os.stat(vol.file)) == [], "a failed stage leaves no loop device behind"
+    assert not _mounted(vol.staging)
