@@ -382,3 +382,26 @@ def test_missing_partition_is_failed_precondition_and_releases_the_device(node_e
     )
     assert loop._devices_for(os.stat(vol.file)) == [], "a failed stage leaves no loop device behind"
     assert not _mounted(vol.staging)
+
+
+def test_storage_class_fs_type_and_mkfs_options_reach_mkfs(node_env: NodeEnv) -> None:
+    _need("xfs")
+    cap = mount_cap("")  # no fs type in the capability: the StorageClass decides
+    created = node_env.client.controller.CreateVolume(
+        csi_pb2.CreateVolumeRequest(
+            name="sc-options",
+            capacity_range=csi_pb2.CapacityRange(required_bytes=320 * MiB),
+            volume_capabilities=[cap],
+            parameters={"csi.storage.k8s.io/fstype": "xfs", "inodeSize": "1024"},
+        )
+    ).volume
+    vol = node_env.volume(16 * MiB)  # paths only; the volume under test is the one created above
+    vol.id = created.volume_id
+    vol.publish_context = dict(node_env.driver.backend.attach(vol.id, "itest-node", False))
+    node_env.stage(vol, cap, context=dict(created.volume_context))
+    info = Mounter().mount_at(vol.staging)
+    assert info is not None and info.fs_type == "xfs"
+    (device,) = loop._devices_for(os.stat(node_env.data_dir / "volumes" / f"{vol.id}.img"))
+    with open(device, "rb") as fh:
+        superblock = fh.read(512)
+    assert struct.unpack_from(">H", superblock, 104)[0] == 1024, "sb_inodesize is the StorageClass value"
