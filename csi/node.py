@@ -137,13 +137,20 @@ class NodeService(csi_pb2_grpc.NodeServicer):
         self._roots = config.node.allowed_roots
         self._format_slots = threading.BoundedSemaphore(config.node.format_concurrency)
         self._lock = threading.Lock()
-        self._staged: dict[str, str] = {}  # volume id -> staging path (this process's view)
+        self._staged_block: set[str] = set()  # block volumes staged through this process
         self._partitions: dict[str, int] = {}  # volume id -> partition used at stage/publish
 
     def staged_count(self) -> int:
-        """Volumes staged through this process and not unstaged since (for metrics)."""
+        """Staged volumes (for metrics): filesystems from the mount table, so the figure survives a
+        restart (distinct devices mounted under the allowed roots), plus block volumes staged through
+        this process (block staging mounts nothing)."""
+        devices = {
+            (m.major, m.minor)
+            for m in self._mounter.mounts()
+            if m.fs_type in FS_TYPES and paths.under_roots(m.mount_point, self._roots)
+        }
         with self._lock:
-            return len(self._staged)
+            return len(devices) + len(self._staged_block)
 
     # ------------------------------------------------------------------ helpers
 
@@ -224,8 +231,9 @@ class NodeService(csi_pb2_grpc.NodeServicer):
                 except BaseException:
                     self._release_if_unused(volume_id, device)
                     raise
-            with self._lock:
-                self._staged[volume_id] = staging
+            if block:
+                with self._lock:
+                    self._staged_block.add(volume_id)
         return csi_pb2.NodeStageVolumeResponse()
 
     def _release_if_unused(self, volume_id: str, device: str) -> None:
@@ -331,7 +339,7 @@ class NodeService(csi_pb2_grpc.NodeServicer):
             with contextlib.suppress(NotFoundError):
                 self._backend.release_device(volume_id)
             with self._lock:
-                self._staged.pop(volume_id, None)
+                self._staged_block.discard(volume_id)
                 self._partitions.pop(volume_id, None)
         return csi_pb2.NodeUnstageVolumeResponse()
 

@@ -358,5 +358,16 @@ def test_node_capabilities_include_stage_stats_expand_and_condition(env: Env) ->
     } <= got
 
 
-def test_staged_count_starts_at_zero(env: Env) -> None:
+def test_staged_count_reads_the_mount_table(env: Env) -> None:
     assert env.node.staged_count() == 0
+    k = env.kubelet
+    env.mountinfo.write_text(
+        "1 0 254:0 / / rw - ext4 /dev/vda rw\n"
+        f"2 1 7:0 / {k}/plugins/a/globalmount rw - ext4 /dev/loop0 rw\n"
+        f"3 1 7:0 / {k}/pods/p/volumes/a/mount rw - ext4 /dev/loop0 rw\n"
+        f"4 1 7:1 / {k}/plugins/b/globalmount rw - xfs /dev/loop1 rw\n"
+        "5 1 7:2 / /mnt/elsewhere rw - ext4 /dev/loop2 rw\n"
+    )
+    assert env.node.staged_count() == 2, (
+        "one per device under the roots; publishes and foreign mounts not counted"
+    )
