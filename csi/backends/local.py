@@ -124,6 +124,13 @@ class LocalBackend(Backend):
         self.topology = {keys.topology_zone_key(driver_name): zone}
         if region:
             self.topology[keys.topology_region_key(driver_name)] = region
+        # What each accepted topology key means here: our own keys plus the well-known and legacy
+        # labels that in-tree translation and operators use.
+        self._segment = {
+            **dict.fromkeys((keys.WELL_KNOWN_ZONE, keys.LEGACY_ZONE), zone),
+            **dict.fromkeys((keys.WELL_KNOWN_REGION, keys.LEGACY_REGION), region),
+            **self.topology,
+        }
         self.capabilities = BackendCapabilities(
             snapshots=True,
             clone=True,
@@ -273,11 +280,12 @@ class LocalBackend(Backend):
             )
         return self._disk(row)
 
-    def _place(self, options: DiskOptions) -> None:
-        def fits(segment: Mapping[str, str]) -> bool:
-            return all(self.topology.get(k) == v for k, v in segment.items())
+    def _serves(self, segment: Mapping[str, str]) -> bool:
+        """True when every key of a topology segment names this data dir's zone/region."""
+        return all(v and self._segment.get(k) == v for k, v in segment.items())
 
-        if options.requisite and not any(fits(s) for s in options.requisite):
+    def _place(self, options: DiskOptions) -> None:
+        if options.requisite and not any(self._serves(s) for s in options.requisite):
             raise OutOfCapacityError(
                 f"no requisite topology segment is served by this data dir (it serves {self.topology})"
             )
@@ -428,7 +436,7 @@ class LocalBackend(Backend):
             return self.get_volume(volume_id)
 
     def get_capacity(self, parameters: Mapping[str, str], topology: Mapping[str, str] | None) -> int:
-        if topology and any(self.topology.get(k) != v for k, v in topology.items()):
+        if topology and not self._serves(topology):
             return 0
         free = files.free_bytes(self.volumes_dir)
         if self.capacity_limit:

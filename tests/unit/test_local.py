@@ -446,3 +446,32 @@ def test_group_snapshot_holds_every_member_until_all_are_copied(
     row = be.store.group_by_name("g")
     assert row is not None
     assert [s.size_bytes for s in be.get_group_snapshot(row.id).snapshots] == [MiB, MiB]
+
+
+@pytest.mark.parametrize(
+    ("segment", "served"),
+    [
+        pytest.param({ZONE_KEY: "z1"}, True, id="own-zone-key"),
+        pytest.param({ZONE_KEY: "z1", REGION_KEY: "r1"}, True, id="own-zone-and-region"),
+        pytest.param({keys.WELL_KNOWN_ZONE: "z1"}, True, id="well-known-zone"),
+        pytest.param({keys.LEGACY_ZONE: "z1", keys.LEGACY_REGION: "r1"}, True, id="legacy-labels"),
+        pytest.param({keys.WELL_KNOWN_ZONE: "z2"}, False, id="other-zone"),
+        pytest.param({"example.com/rack": "r7"}, False, id="unknown-key"),
+    ],
+)
+def test_topology_keys_accepted_for_placement_and_capacity(
+    data: Path, segment: dict[str, str], served: bool
+) -> None:
+    be = open_backend(data, region="r1")
+    assert (be.get_capacity({}, segment) > 0) is served
+    options = DiskOptions(size_bytes=MiB, requisite=[segment])
+    if served:
+        assert be.create_volume("v", options).topology == {ZONE_KEY: "z1", REGION_KEY: "r1"}
+    else:
+        with pytest.raises(base.OutOfCapacityError):
+            be.create_volume("v", options)
+    be.close()
+
+
+def test_region_labels_do_not_match_when_no_region_is_configured(be: LocalBackend) -> None:
+    assert be.get_capacity({}, {keys.WELL_KNOWN_REGION: ""}) == 0
