@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from csi import keys
 from csi.backends import base
 from csi.backends.base import (
     AlreadyExistsError,
@@ -262,7 +263,7 @@ class FakeBackend(base.Backend):
             disk = self._volume(volume_id)
             if node_id not in self.nodes:
                 raise NotFoundError(f"node {node_id} not found")
-            context = {"devicePath": f"/dev/fake-{volume_id}"}
+            context = {keys.PC_DEVICE_PATH: f"/dev/fake-{volume_id}"}
             for att in disk.attachments:
                 if att.node_id == node_id:
                     if att.readonly != readonly:
