@@ -348,7 +348,6 @@ class AwsBackend(Backend):
         return zone
 
     def _choose_zone(self, options: DiskOptions) -> str:
-
         def zone_of(segment: Mapping[str, str]) -> str:
             for key in (self.zone_key, keys.WELL_KNOWN_ZONE, keys.LEGACY_ZONE):
                 if segment.get(key):
@@ -457,7 +456,8 @@ class AwsBackend(Backend):
                 **args,
             )
             if created.get("State") not in ("deleting", "deleted"):
-                return self._disk(self._wait_available(created["VolumeId"]))
+                with contextlib.suppress(NotFoundError):  # gone at once: the token was burned
+                    return self._disk(self._wait_available(created["VolumeId"]))
             log.info(
                 "client token of %r answered with deleted volume %s; new token", name, created["VolumeId"]
             )
@@ -651,15 +651,23 @@ class AwsBackend(Backend):
                     f"node {node_id} already has {self._max_volumes} volumes (--max-volumes-per-node)"
                 )
             used.append(root)
-            device = self._names.reserve(node_id, used)
-            try:
-                if readonly or TAG_READONLY_PREFIX + node_id in _tags(volume):  # set, or clear a stale one
-                    self._mark_readonly(vid, node_id, readonly)
-                self.ec2.call("attach_volume", VolumeId=vid, InstanceId=node_id, Device=device)
-                self._wait_attached(vid, node_id)
-            finally:
-                self._names.release(node_id, device)
-            return {keys.PC_DEVICE_PATH: device}
+            if readonly or TAG_READONLY_PREFIX + node_id in _tags(volume):  # set, or clear a stale one
+                self._mark_readonly(vid, node_id, readonly)
+            for _ in range(3):
+                device = self._names.reserve(node_id, used)
+                try:
+                    try:
+                        self.ec2.call("attach_volume", VolumeId=vid, InstanceId=node_id, Device=device)
+                    except InvalidParameterError as exc:
+                        if "in use" not in str(exc):
+                            raise
+                        used.append(device)  # taken by someone else since DescribeInstances: next name
+                        continue
+                    self._wait_attached(vid, node_id)
+                    return {keys.PC_DEVICE_PATH: device}
+                finally:
+                    self._names.release(node_id, device)
+            raise TransientError(f"device names on {node_id} keep being taken concurrently; retry")
 
     def _mark_readonly(self, vid: str, node_id: str, readonly: bool) -> None:
         key = TAG_READONLY_PREFIX + node_id

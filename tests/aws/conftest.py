@@ -132,7 +132,9 @@ class _Http:
         self.headers: dict[str, str] = {}
 
 
-def inject_errors(client: Any, operation: str, codes: list[str], status: int = 503) -> list[str]:
+def inject_errors(
+    client: Any, operation: str, codes: list[str], status: int = 503, message: str = ""
+) -> list[str]:
     """Make the next len(codes) calls of `operation` (CamelCase) fail with these EC2 error codes before
     they leave the client; later calls reach moto. Returns the list, which empties as errors are used."""
 
@@ -140,10 +142,21 @@ def inject_errors(client: Any, operation: str, codes: list[str], status: int = 5
         if not codes:
             return None
         code = codes.pop(0)
-        return _Http(status), {"Error": {"Code": code, "Message": f"injected {code}"}, "ResponseMetadata": {}}
+        error = {"Code": code, "Message": message or f"injected {code}"}
+        return _Http(status), {"Error": error, "ResponseMetadata": {}}
 
     client.meta.events.register(f"before-call.ec2.{operation}", fail)
     return codes
+
+
+def inject_responses(client: Any, operation: str, responses: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Answer the next len(responses) calls of `operation` with these parsed responses (HTTP 200)."""
+
+    def answer(**kwargs: Any) -> Any:
+        return (_Http(200), responses.pop(0)) if responses else None
+
+    client.meta.events.register(f"before-call.ec2.{operation}", answer)
+    return responses
 
 
 def record_calls(client: Any, operation: str) -> list[dict[str, Any]]:

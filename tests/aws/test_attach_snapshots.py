@@ -18,7 +18,7 @@ from csi.backends.base import (
     LimitExceededError,
     NotFoundError,
 )
-from tests.aws.conftest import OTHER_ZONE, ZONE, run_instance
+from tests.aws.conftest import OTHER_ZONE, ZONE, inject_errors, run_instance
 
 EBS_ZONE = "topology.ebs.csi.aws.com/zone"
 
@@ -60,6 +60,19 @@ def test_names_used_by_the_instance_are_skipped(backend: AwsBackend, ec2: Any, i
     foreign = ec2.create_volume(Size=1, AvailabilityZone=ZONE)["VolumeId"]
     ec2.attach_volume(VolumeId=foreign, InstanceId=instance, Device="/dev/sdba")
     assert backend.attach(volume(backend, "pvc-1"), instance, False) == {"devicePath": "/dev/xvdbb"}
+
+
+def test_a_name_taken_concurrently_moves_on_to_the_next(backend: AwsBackend, ec2: Any, instance: str) -> None:
+    vid = volume(backend, "pvc-1")
+    inject_errors(
+        backend.ec2.client,
+        "AttachVolume",
+        ["InvalidParameterValue"],
+        status=400,
+        message="Attachment point /dev/xvdba is already in use",
+    )
+    assert backend.attach(vid, instance, False) == {"devicePath": "/dev/xvdbb"}
+    assert attachments(ec2, vid) == [(instance, "/dev/xvdbb")]
 
 
 def test_attached_elsewhere_fails_naming_the_node(backend: AwsBackend, ec2: Any, instance: str) -> None:

@@ -21,7 +21,7 @@ from csi.backends.base import (
     OutOfRangeError,
     SourceKind,
 )
-from tests.aws.conftest import OTHER_ZONE, ZONE, record_calls
+from tests.aws.conftest import OTHER_ZONE, ZONE, inject_responses, record_calls
 
 EBS_ZONE = "topology.ebs.csi.aws.com/zone"
 K8S_ZONE = "topology.kubernetes.io/zone"
@@ -149,6 +149,17 @@ def test_concurrent_retries_create_one_volume_with_one_client_token(
 def test_another_controller_finds_the_volume_by_tag(make_backend: Callable[..., AwsBackend]) -> None:
     first = make_backend().create_volume("pvc-h", opts(make_backend(), 2))
     assert make_backend().create_volume("pvc-h", opts(make_backend(), 2)).id == first.id
+
+
+def test_a_burned_client_token_is_replaced(backend: AwsBackend, ec2: Any) -> None:
+    """EC2 answers a token whose volume was deleted meanwhile with that (gone) volume: use a new token."""
+    tokens = record_calls(backend.ec2.client, "CreateVolume")
+    inject_responses(
+        backend.ec2.client, "CreateVolume", [{"VolumeId": "vol-0000000000000dead", "State": "creating"}]
+    )
+    disk = backend.create_volume("pvc-burned", opts(backend))
+    assert [t["ClientToken"] for t in tokens] == [client_token("pvc-burned"), client_token("pvc-burned", 1)]
+    assert ec2_volume(ec2, disk.id)["VolumeId"] == disk.id
 
 
 def test_client_token_is_stable_and_within_ec2_limits() -> None:
