@@ -110,7 +110,7 @@ def agree(k8s: KubernetesTranslator, request: JSONDict, ours: Callable[[], Any])
         assert "error" in theirs, f"shim failed ({err}) but Kubernetes returned {theirs.get('result')!r}"
         return
     assert "error" not in theirs, f"Kubernetes failed ({theirs['error']}) but the shim returned {mine!r}"
-    assert canon(mine) == canon(theirs["result"])
+    assert canon(mine) == canon(theirs.get("result"))
 
 
 # -- strategies -------------------------------------------------------------------------------------
