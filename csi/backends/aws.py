@@ -167,11 +167,19 @@ class AwsBackend(Backend):
         from botocore.config import Config as BotoConfig
 
         imds = None if os.environ.get("AWS_EC2_METADATA_DISABLED", "").lower() == "true" else Imds()
-        region = config.backend.aws_region or os.environ.get("AWS_DEFAULT_REGION", "")
+        session = boto3.session.Session()
+        region = config.backend.aws_region or session.region_name or ""
         if not region and imds is not None:
             with contextlib.suppress(BackendError):
                 region = imds.get("placement/region")
-        client = boto3.session.Session().client(
+        if not region:
+            if config.runs_controller:
+                raise FailedPreconditionError(
+                    "aws backend: no region; give --aws-region (or AWS_REGION), or run where instance "
+                    "metadata answers"
+                )
+            region = "us-east-1"  # a node-only process never calls EC2; the client just needs a region
+        client = session.client(
             "ec2",
             region_name=region or None,
             endpoint_url=config.backend.aws_endpoint_url or None,

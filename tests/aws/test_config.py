@@ -10,7 +10,7 @@ import pytest
 from csi.backends import build_backend
 from csi.backends.aws import AwsBackend
 from csi.backends.aws_errors import Backoff, Ec2
-from csi.backends.base import DiskOptions, GiB, TransientError
+from csi.backends.base import DiskOptions, FailedPreconditionError, GiB, TransientError
 from csi.config import parse_args
 from tests.aws.conftest import REGION, ZONE, make_client
 from tests.conftest import REPO
@@ -21,6 +21,8 @@ def aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent/aws-config")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/aws-credentials")
     for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION", "AWS_REGION", "AWS_ENDPOINT_URL"):
         monkeypatch.delenv(name, raising=False)
 
@@ -46,6 +48,24 @@ def test_flags_build_a_backend_on_the_configured_endpoint(moto_endpoint: str, aw
         identity = backend.node_identity()
         assert (identity.node_id, identity.max_volumes) == ("i-0123456789abcdef0", 5)
         backend.delete_volume(disk.id)
+    finally:
+        backend.close()
+
+
+def test_a_controller_without_region_fails_with_advice(aws_env: None) -> None:
+    config, _ = parse_args(["--backend", "aws", "--mode", "controller"])
+    with pytest.raises(FailedPreconditionError, match="--aws-region"):
+        build_backend(config)
+
+
+def test_a_node_needs_no_region(aws_env: None) -> None:
+    config, _ = parse_args(
+        ["--backend", "aws", "--mode", "node", "--zone", ZONE, "--node-id", "i-0123456789abcdef0"]
+    )
+    backend = build_backend(config)
+    try:
+        assert backend.probe() is True
+        assert backend.node_identity().topology["topology.kubernetes.io/zone"] == ZONE
     finally:
         backend.close()
 
