@@ -13,6 +13,8 @@ from collections.abc import Callable
 from typing import Any
 
 import grpc
+from google.protobuf.message import Message
+from google.protobuf.unknown_fields import UnknownFieldSet
 
 from csi.backends import base
 
@@ -95,9 +97,41 @@ def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     return grpc.StatusCode.INTERNAL, f"internal error (reference {ref}); the driver log has the details"
 
 
+# An unknown varint field 536870911 = 1 (the highest field number): what `_lenient` parses in place of
+# bytes that are not a valid request, so the handler can answer INVALID_ARGUMENT. gRPC itself would
+# answer INTERNAL ("Exception deserializing request!") before any handler runs.
+_UNDECODABLE_FIELD = 536870911
+_UNDECODABLE = b"\xf8\xff\xff\xff\x0f\x01"
+
+
+def _lenient(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    if deserializer is None:
+        return None
+
+    def parse(raw: bytes) -> Any:
+        try:
+            return deserializer(raw)
+        except Exception:  # DecodeError: malformed wire data, or a string that is not UTF-8
+            return deserializer(_UNDECODABLE)
+
+    return parse
+
+
+def _undecodable(request: Any) -> bool:
+    if not isinstance(request, Message) or request.ListFields():
+        return False
+    unknown = UnknownFieldSet(request)
+    return any(unknown[i].field_number == _UNDECODABLE_FIELD for i in range(len(unknown)))
+
+
 def _wrap(method: str, behavior: Callable[[Any, grpc.ServicerContext], Any]) -> Callable[..., Any]:
     def handler(request: Any, context: grpc.ServicerContext) -> Any:
         try:
+            if _undecodable(request):
+                raise InvalidArgument(
+                    "the request could not be decoded: malformed protobuf, or a string field that is "
+                    "not valid UTF-8"
+                )
             return behavior(request, context)
         except Exception as exc:  # the single boundary where every failure becomes a status
             code, message = status_for(exc)
@@ -121,6 +155,6 @@ class ErrorInterceptor(grpc.ServerInterceptor):
             return handler
         return grpc.unary_unary_rpc_method_handler(
             _wrap(handler_call_details.method, handler.unary_unary),
-            request_deserializer=handler.request_deserializer,
+            request_deserializer=_lenient(handler.request_deserializer),
             response_serializer=handler.response_serializer,
         )
