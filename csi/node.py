@@ -265,6 +265,12 @@ class NodeService(csi_pb2_grpc.NodeServicer):
             return
         if os.path.lexists(staging) and not os.path.isdir(staging):
             raise FailedPrecondition(f"staging_target_path {staging} exists and is not a directory")
+        elsewhere = [m.mount_point for m in self._mounter.mounts() if _belongs((m.major, m.minor), device)]
+        if elsewhere:  # fsck or mkfs of a mounted device would fail with a misleading message
+            raise FailedPrecondition(
+                f"{device} is already mounted at {elsewhere[0]}; a volume is staged at one path per node, "
+                "so unstage it there first"
+            )
         os.makedirs(staging, exist_ok=True)
         formatted = grow = False
         with self._format_slots:
