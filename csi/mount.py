@@ -70,6 +70,12 @@ class MountError(Exception):
     """An OS operation failed; the message says which command and why."""
 
 
+class OnlineGrowthDenied(MountError):
+    """The kernel refused to grow a mounted filesystem for lack of privilege (ext*: CAP_SYS_RESOURCE).
+
+    The filesystem is untouched; it can still grow offline, which staging does."""
+
+
 class SubprocessRunner:
     """Runs argv lists with subprocess (no shell); programs are looked up in the sbin directories too."""
 
@@ -538,7 +544,10 @@ class Mounter:
         if result.returncode != 0:
             error = _fail(result, f"growing the {fs_type} filesystem on {device}")
             if fs_type in EXT_TYPES and "Permission denied" in result.stderr:
-                error = MountError(f"{error} (online ext4 growth needs CAP_SYS_RESOURCE in the node plugin)")
+                error = OnlineGrowthDenied(
+                    f"{error} (online ext4 growth needs CAP_SYS_RESOURCE in the node plugin; "
+                    "the filesystem grows when the volume is next staged)"
+                )
             raise error
 
     def settle(self) -> None:

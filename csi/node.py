@@ -34,6 +34,7 @@ from csi.mount import (
     Mounter,
     MountError,
     MountInfo,
+    OnlineGrowthDenied,
     check_fs_type,
     check_mount_flags,
     device_readonly,
@@ -595,7 +596,11 @@ class NodeService(csi_pb2_grpc.NodeServicer):
                 raise FailedPrecondition(f"cannot grow a {mount.fs_type} filesystem")
             if mount.readonly or "ro" in mount.super_options:
                 raise FailedPrecondition(f"{path} is mounted read-only; the filesystem cannot grow")
-            self._mounter.grow(device, path, mount.fs_type)
+            try:
+                self._mounter.grow(device, path, mount.fs_type)
+            except OnlineGrowthDenied as exc:
+                # csi-rules: a filesystem that cannot grow while published is FAILED_PRECONDITION
+                raise FailedPrecondition(str(exc)) from exc
         return csi_pb2.NodeExpandVolumeResponse(capacity_bytes=size)
 
     # ------------------------------------------------------------------ info

@@ -45,11 +45,15 @@ def raising(tmp_path: Path) -> Iterator[tuple[Raising, CsiClient]]:
 BACKEND_CASES = [
     pytest.param(base.NotFoundError("volume lv-1 not found"), grpc.StatusCode.NOT_FOUND, id="not-found"),
     pytest.param(base.AlreadyExistsError("name taken"), grpc.StatusCode.ALREADY_EXISTS, id="already-exists"),
-    pytest.param(base.InvalidParameterError("bad key x"), grpc.StatusCode.INVALID_ARGUMENT, id="invalid-param"),
+    pytest.param(
+        base.InvalidParameterError("bad key x"), grpc.StatusCode.INVALID_ARGUMENT, id="invalid-param"
+    ),
     pytest.param(base.OutOfRangeError("too small"), grpc.StatusCode.OUT_OF_RANGE, id="out-of-range"),
     pytest.param(base.LimitExceededError("node full"), grpc.StatusCode.RESOURCE_EXHAUSTED, id="limit"),
     pytest.param(base.OutOfCapacityError("no space"), grpc.StatusCode.RESOURCE_EXHAUSTED, id="capacity"),
-    pytest.param(base.FailedPreconditionError("in use"), grpc.StatusCode.FAILED_PRECONDITION, id="precondition"),
+    pytest.param(
+        base.FailedPreconditionError("in use"), grpc.StatusCode.FAILED_PRECONDITION, id="precondition"
+    ),
     pytest.param(base.TransientError("throttled"), grpc.StatusCode.UNAVAILABLE, id="transient"),
     pytest.param(base.InvalidTokenError("bad token"), grpc.StatusCode.ABORTED, id="bad-token"),
     pytest.param(base.BackendError("odd backend"), grpc.StatusCode.INTERNAL, id="generic-backend"),
@@ -57,7 +61,9 @@ BACKEND_CASES = [
 
 
 @pytest.mark.parametrize(("exc", "code"), BACKEND_CASES)
-def test_backend_error_maps_to_code(raising: tuple[Raising, CsiClient], exc: Exception, code: grpc.StatusCode) -> None:
+def test_backend_error_maps_to_code(
+    raising: tuple[Raising, CsiClient], exc: Exception, code: grpc.StatusCode
+) -> None:
     servicer, client = raising
     servicer.exc = exc
     message = assert_code(client.identity.GetPluginInfo, csi_pb2.GetPluginInfoRequest(), code)
@@ -71,7 +77,10 @@ def test_every_backend_error_class_has_a_code() -> None:
 
 @pytest.mark.parametrize(
     "exc",
-    [pytest.param(cls(f"{cls.__name__} happened"), id=cls.__name__) for cls in errors.CsiError.__subclasses__()],
+    [
+        pytest.param(cls(f"{cls.__name__} happened"), id=cls.__name__)
+        for cls in errors.CsiError.__subclasses__()
+    ],
 )
 def test_csi_errors_keep_their_code(raising: tuple[Raising, CsiClient], exc: errors.CsiError) -> None:
     servicer, client = raising
@@ -93,7 +102,9 @@ def test_unexpected_exception_is_internal_without_details(
     servicer, client = raising
     servicer.exc = exc
     with caplog.at_level(logging.ERROR, logger="ballast.errors"):
-        message = assert_code(client.identity.GetPluginInfo, csi_pb2.GetPluginInfoRequest(), grpc.StatusCode.INTERNAL)
+        message = assert_code(
+            client.identity.GetPluginInfo, csi_pb2.GetPluginInfoRequest(), grpc.StatusCode.INTERNAL
+        )
     assert str(exc) not in message and type(exc).__name__ not in message
     assert "reference" in message
     stacks = [r for r in caplog.records if r.exc_info]
