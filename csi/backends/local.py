@@ -226,7 +226,10 @@ class LocalBackend(Backend):
         for row in self.store.volumes():
             size = files.size_of(self.volume_path(row.id))
             if size is not None and size < row.size:
-                files.grow(self.volume_path(row.id), row.size)
+                try:
+                    files.grow(self.volume_path(row.id), row.size)
+                except OutOfRangeError:  # an expand past the largest file, torn before its undo
+                    self.store.set_size(row.id, size)
 
     def probe(self) -> bool:
         if not os.access(self.volumes_dir, os.W_OK):
@@ -427,6 +430,9 @@ class LocalBackend(Backend):
                 files.grow(path, size_bytes)
             except FileNotFoundError as exc:
                 raise FailedPreconditionError(f"the backing file of {volume_id} is missing") from exc
+            except OutOfRangeError:
+                self.store.set_size(volume_id, row.size)  # the file cannot grow that far: undo the record
+                raise
             return size_bytes
 
     def modify_volume(self, volume_id: str, mutable_parameters: Mapping[str, str]) -> Disk:

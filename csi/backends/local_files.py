@@ -11,19 +11,25 @@ import errno
 import fcntl
 import os
 
-from csi.backends.base import OutOfCapacityError
+from csi.backends.base import OutOfCapacityError, OutOfRangeError
 
 FICLONE = 0x40049409  # _IOW(0x94, 9, int)
 _NO_REFLINK = {errno.EOPNOTSUPP, errno.ENOTTY, errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EPERM}
 CHUNK = 8 * 1024 * 1024
 
 
-def _no_space(exc: BaseException, path: str) -> OutOfCapacityError | None:
-    """ENOSPC/EDQUOT while writing `path` -> the backend error naming the filesystem to free."""
+def _no_space(exc: BaseException, path: str) -> OutOfCapacityError | OutOfRangeError | None:
+    """ENOSPC/EDQUOT while writing `path` -> the backend error naming the filesystem to free;
+    EFBIG (a size past the filesystem's largest file) -> OutOfRangeError."""
     if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return OutOfCapacityError(
             f"no space left on the filesystem holding {os.path.dirname(path)} ({exc.strerror}); "
             "free space there and retry"
+        )
+    if isinstance(exc, OSError) and exc.errno == errno.EFBIG:
+        return OutOfRangeError(
+            f"the requested size is larger than the filesystem holding {os.path.dirname(path)} allows "
+            "for one file"
         )
     return None
 
@@ -80,7 +86,8 @@ def copy(src: str, dst: str, size: int | None = None) -> bool:
     """Point-in-time copy of `src` into the new file `dst`, then grown to `size` if larger.
 
     Returns True when the copy shares blocks (reflink). Refuses to overwrite `dst`; on failure `dst`
-    is removed. A missing `src` raises FileNotFoundError; no space -> OutOfCapacityError.
+    is removed. A missing `src` raises FileNotFoundError; no space -> OutOfCapacityError; a size the
+    filesystem cannot hold -> OutOfRangeError.
     """
     src_fd = os.open(src, os.O_RDONLY)
     try:
@@ -109,9 +116,16 @@ def copy(src: str, dst: str, size: int | None = None) -> bool:
 
 
 def grow(path: str, size: int) -> None:
-    """Extend `path` to `size` bytes (never shrinks). A missing file raises FileNotFoundError."""
+    """Extend `path` to `size` bytes (never shrinks). A missing file raises FileNotFoundError; a size
+    the filesystem cannot hold raises OutOfRangeError (the file is unchanged)."""
     if os.stat(path).st_size < size:
-        os.truncate(path, size)
+        try:
+            os.truncate(path, size)
+        except OSError as exc:
+            mapped = _no_space(exc, path)
+            if mapped is None:
+                raise
+            raise mapped from exc
 
 
 def remove(path: str) -> None:
