@@ -14,6 +14,7 @@ AccessMode = csi_pb2.VolumeCapability.AccessMode
 # Spec "Size Limits": strings 128 bytes, maps 4 KiB.
 MAX_STRING_BYTES = 128
 MAX_MAP_BYTES = 4096
+INT64_MAX = 2**63 - 1
 
 SINGLE_NODE_MODES = frozenset(
     {
@@ -98,6 +99,8 @@ def capacity_bytes(cr: csi_pb2.CapacityRange, *, default: int, granularity: int,
     want = required or (min(default, limit) if limit else default)
     want = max(want, minimum)
     size = -(-want // granularity) * granularity
+    if size > INT64_MAX:  # rounding up can pass the largest size a CSI message can carry
+        raise OutOfRange(f"{want} bytes rounded up to {granularity}-byte units does not fit in 64 bits")
     if limit and size > limit:
         if required:
             raise OutOfRange(
