@@ -7,7 +7,8 @@ setup:
 test:
 	scripts/test
 
-demo: setup
+demo:
+	scripts/setup --runtime
 	.venv/bin/ballast-csi demo
 
 proto:
