@@ -522,12 +522,18 @@ def examples(count: int) -> settings:
 def test_in_tree_pv_to_csi_matches_kubernetes(k8s: KubernetesTranslator, pv: JSONDict | None) -> None:
     agree(k8s, {"op": "pv_to_csi", "object": pv}, lambda: TRANSLATOR.translate_in_tree_pv_to_csi(pv))
     agree(k8s, {"op": "is_pv_migratable", "object": pv}, lambda: TRANSLATOR.is_pv_migratable(pv))
+    agree(
+        k8s,
+        {"op": "get_intree_plugin_name_from_spec", "pv": pv, "volume": None},
+        lambda: TRANSLATOR.get_in_tree_plugin_name_from_spec(pv, None),
+    )
 
 
 @examples(EXAMPLES["csi"])
 @given(pv=csi_pv())
 def test_csi_pv_to_in_tree_matches_kubernetes(k8s: KubernetesTranslator, pv: JSONDict) -> None:
     agree(k8s, {"op": "csi_to_pv", "object": pv}, lambda: TRANSLATOR.translate_csi_pv_to_in_tree(pv))
+    agree(k8s, {"op": "is_pv_migratable", "object": pv}, lambda: TRANSLATOR.is_pv_migratable(pv))
 
 
 @examples(EXAMPLES["pv"] // 2)
