@@ -18,6 +18,8 @@ import pytest
 
 import csi.node
 from csi._proto import csi_pb2
+from csi.backends.base import DiskOptions
+from csi.backends.local import LocalBackend
 from csi.mount import Mounter
 from tests.csiclient import assert_code
 from tests.reliability.conftest import (
@@ -329,3 +331,62 @@ def test_full_state_database_is_resource_exhausted_and_leaves_no_orphan_file(
             timeout=60,
         )
     assert set(assert_consistent(env.data_dir).names) == {"fits", *names}
+
+
+def test_second_stage_path_for_a_staged_volume_is_failed_precondition(local: Local) -> None:
+    """Found by the fuzz test: fsck of the mounted device answered INTERNAL 'found errors it cannot fix
+    safely; repair it by hand' -- a false alarm about a healthy filesystem."""
+    vid = local.create()
+    pc = local.publish_context(vid)
+    local.client.node.NodeStageVolume(local.stage_request(vid, pc), timeout=60)
+    other = local.stage_request(vid, pc)
+    other.staging_target_path = str(local.kubelet / "plugins" / "other" / "globalmount")
+    message = assert_code(local.client.node.NodeStageVolume, other, Code.FAILED_PRECONDITION)
+    assert f"already mounted at {local.staging(vid)}" in message and "unstage" in message
+    assert Mounter().mount_at(other.staging_target_path) is None
+    assert len(loops_over(local.data_dir)) == 1, "the device still serves the first stage"
+    local.unstage(vid)
+    assert loops_over(local.data_dir) == []
+
+
+HUGE = [pytest.param(2**62, id="4EiB"), pytest.param(2**63 - 1, id="int64-max")]
+
+
+@pytest.mark.parametrize("size", HUGE)
+def test_size_past_the_largest_file_is_out_of_range_and_never_recorded(local: Local, size: int) -> None:
+    """Found by the fuzz test: EFBIG answered INTERNAL, and an expand kept the impossible size in the
+    state database, so the next start-up's reconciliation failed on it and the driver would not start."""
+    vid = local.create(16 * MiB, name="small")
+    req = csi_pb2.CreateVolumeRequest(
+        name="huge",
+        capacity_range=csi_pb2.CapacityRange(required_bytes=size),
+        volume_capabilities=[mount_cap()],
+    )
+    assert_code(local.client.controller.CreateVolume, req, Code.OUT_OF_RANGE)
+    grow = csi_pb2.ControllerExpandVolumeRequest(
+        volume_id=vid, capacity_range=csi_pb2.CapacityRange(required_bytes=size)
+    )
+    assert_code(local.client.controller.ControllerExpandVolume, grow, Code.OUT_OF_RANGE)
+    st = assert_consistent(local.data_dir)
+    assert st.volume_rows == {vid: 16 * MiB} and st.volume_files == {vid: 16 * MiB}
+    local.stop()
+    restarted = start_local(local.tmp)
+    try:
+        assert restarted.client.identity.Probe(csi_pb2.ProbeRequest(), timeout=10).ready.value
+    finally:
+        restarted.stop()
+    local.client, local.driver = restarted.client, restarted.driver  # the fixture stops this one
+
+
+def test_reconcile_undoes_a_recorded_size_the_file_cannot_reach(leak_check: Path) -> None:
+    """A kill between recording an impossible expand and undoing it must not stop the next start."""
+    data = leak_check / "data"
+    b = LocalBackend(str(data), node_id=NODE_ID)
+    vid = b.create_volume("v", DiskOptions(size_bytes=16 * MiB)).id
+    b.store.set_size(vid, 2**62)
+    b.close()
+    b = LocalBackend(str(data), node_id=NODE_ID)
+    try:
+        assert b.get_volume(vid).size_bytes == 16 * MiB
+    finally:
+        b.close()
