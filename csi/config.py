@@ -7,11 +7,12 @@ Nothing here touches the filesystem or network; `Config.validate()` checks value
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from importlib import metadata
+from typing import Any
 
 from shim.gates import FeatureGateError, FeatureGates
 
@@ -21,8 +22,11 @@ MODES = ("all", "controller", "node")
 DEFAULT_ENDPOINT = "unix:///run/csi/socket.sock"
 
 
+@functools.cache
 def version() -> str:
-    """The installed package version (from package metadata)."""
+    """The installed package version (from package metadata; read once, on first use)."""
+    from importlib import metadata
+
     try:
         return metadata.version("ballast-csi")
     except metadata.PackageNotFoundError:
@@ -82,6 +86,17 @@ class Config:
 
     def gates(self) -> FeatureGates:
         return FeatureGates.parse(self.server.feature_gates)
+
+
+class _VersionAction(argparse.Action):
+    """--version, reading package metadata only when asked (it costs start-up time otherwise)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
+        print(f"ballast-csi {version()}")
+        parser.exit()
 
 
 def _size(text: str) -> int:
@@ -150,7 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="ballast-csi",
         description="Ballast CSI driver (CSI v1.12): Identity, Controller and Node over a unix socket.",
     )
-    p.add_argument("--version", action="version", version=f"ballast-csi {version()}")
+    p.add_argument("--version", action=_VersionAction, help="print the version and exit")
     srv = p.add_argument_group("server")
     srv.add_argument(
         "--mode",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import grpc
 
 from csi._proto import csi_pb2, csi_pb2_grpc
@@ -11,15 +13,18 @@ from csi.errors import FailedPrecondition
 
 
 class IdentityService(csi_pb2_grpc.IdentityServicer):
-    def __init__(self, driver_name: str, version: str, backend: Backend, caps: Capabilities) -> None:
-        self._info = csi_pb2.GetPluginInfoResponse(name=driver_name, vendor_version=version)
+    def __init__(
+        self, driver_name: str, version: Callable[[], str], backend: Backend, caps: Capabilities
+    ) -> None:
+        self._name = driver_name
+        self._version = version  # package metadata is read on the first GetPluginInfo, not at start-up
         self._backend = backend
         self._caps = csi_pb2.GetPluginCapabilitiesResponse(capabilities=caps.plugin())
 
     def GetPluginInfo(
         self, request: csi_pb2.GetPluginInfoRequest, context: grpc.ServicerContext
     ) -> csi_pb2.GetPluginInfoResponse:
-        return self._info
+        return csi_pb2.GetPluginInfoResponse(name=self._name, vendor_version=self._version())
 
     def GetPluginCapabilities(
         self, request: csi_pb2.GetPluginCapabilitiesRequest, context: grpc.ServicerContext

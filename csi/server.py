@@ -82,7 +82,7 @@ class Driver:
     def _register(self) -> None:
         cfg, backend, caps = self.config, self.backend, self.caps
         csi_pb2_grpc.add_IdentityServicer_to_server(
-            IdentityService(cfg.backend.driver_name, version(), backend, caps), self.server
+            IdentityService(cfg.backend.driver_name, version, backend, caps), self.server
         )
         if cfg.runs_controller:
             from csi.controller import ControllerService
@@ -119,12 +119,11 @@ class Driver:
         if self.metrics is not None:
             self.metrics.start()
         log.info(
-            "serving %s on %s (mode=%s, backend=%s, version=%s)",
+            "serving %s on %s (mode=%s, backend=%s)",
             self.config.backend.driver_name,
             self.config.server.endpoint,
             self.config.server.mode,
             self.config.backend.name,
-            version(),
         )
 
     def stop(self, grace: float = GRACE_SECONDS) -> None:
