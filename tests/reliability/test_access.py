@@ -25,8 +25,6 @@ from tests.conformance.driver import NODE_ID
 from tests.csiclient import CsiClient, connect
 from tests.reliability.conftest import MiB, Proc, mount_cap, retry
 
-pytestmark = pytest.mark.root
-
 KEY, VALUE = "marker-key-Q9Zx", "marker-value-7Kp2W"
 SECRETS = {KEY: VALUE, "password": VALUE[::-1]}
 NEEDLES = (KEY, VALUE, VALUE[::-1])
@@ -241,6 +239,7 @@ def lifecycle(r: Recorder, work: Path) -> None:
     r.call("controller", "DeleteVolume", csi_pb2.DeleteVolumeRequest(), ok=False)
 
 
+@pytest.mark.root
 def test_no_secret_reaches_logs_metrics_or_errors(proc: Proc) -> None:
     port = free_port()
     proc.extra = ("--log-level", "debug", "--log-format", "json", "--metrics-address", f"127.0.0.1:{port}")

@@ -1,0 +1,299 @@
+"""Soak: a bounded concurrent workload on the local backend with real loop devices, mounts and mkfs.
+
+Several client threads each run whole volume lives -- create, controller-publish, stage, publish, write,
+snapshot, unpublish, unstage, controller-unpublish, delete snapshot, delete -- and send every request
+twice at once, so the driver sees true duplicates (which may only be answered ABORTED) next to unrelated
+work. Afterwards nothing may be left: no volume, snapshot, file, mount or loop device. The driver's RSS is
+read after a warm-up round and after the run.
+
+`run_workload` is shared with tests/reliability/test_load.py (the short form, in CI); this script is
+the long form (`python -m benchmarks.soak --minutes 5`, as root) and writes benchmarks/results/soak.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent import futures
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from csi._proto import csi_pb2, csi_pb2_grpc
+
+MiB = 1024**2
+AM = csi_pb2.VolumeCapability.AccessMode
+CAP = csi_pb2.VolumeCapability(
+    mount=csi_pb2.VolumeCapability.MountVolume(fs_type="ext4"), access_mode=AM(mode=AM.SINGLE_NODE_WRITER)
+)
+OK_OR_DUPLICATE = (grpc.StatusCode.OK, grpc.StatusCode.ABORTED)
+
+
+@dataclass
+class Tally:
+    """What the workload saw, shared by all workers (guarded by `lock`)."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    operations: int = 0
+    aborted: int = 0
+    errors: list[str] = field(default_factory=list)
+    latencies: dict[str, list[float]] = field(default_factory=dict)
+
+    def record(self, method: str, seconds: float) -> None:
+        with self.lock:
+            self.operations += 1
+            self.latencies.setdefault(method, []).append(seconds)
+
+
+@dataclass
+class Stubs:
+    channel: grpc.Channel
+    controller: csi_pb2_grpc.ControllerStub
+    node: csi_pb2_grpc.NodeStub
+
+    @classmethod
+    def open(cls, endpoint: str) -> Stubs:
+        ch = grpc.insecure_channel(endpoint)
+        grpc.channel_ready_future(ch).result(timeout=30)
+        return cls(ch, csi_pb2_grpc.ControllerStub(ch), csi_pb2_grpc.NodeStub(ch))
+
+
+def _code(future: Any) -> grpc.StatusCode:
+    try:
+        future.result()
+        return grpc.StatusCode.OK
+    except grpc.RpcError as err:
+        return err.code()  # type: ignore[no-any-return,attr-defined]
+
+
+def twice(tally: Tally, call: Any, request: Any) -> Any:
+    """Send `request` twice at once. Each copy must succeed or be ABORTED as a duplicate; if both were
+    aborted (or the one that won was the other), the request is retried alone. Returns a response."""
+    method = type(request).__name__.removesuffix("Request")
+    start = time.perf_counter()
+    first, second = call.future(request, timeout=120), call.future(request, timeout=120)
+    codes = (_code(first), _code(second))
+    for code, fut in zip(codes, (first, second), strict=True):
+        if code not in OK_OR_DUPLICATE:
+            with tally.lock:
+                tally.errors.append(f"{method}: {code.name}: {fut.exception().details()}")
+    with tally.lock:
+        tally.aborted += codes.count(grpc.StatusCode.ABORTED)
+    winner = next((f for c, f in zip(codes, (first, second), strict=True) if c == grpc.StatusCode.OK), None)
+    while winner is None:
+        time.sleep(0.05)
+        retry = call.future(request, timeout=120)
+        code = _code(retry)
+        if code == grpc.StatusCode.OK:
+            winner = retry
+        elif code != grpc.StatusCode.ABORTED:
+            with tally.lock:
+                tally.errors.append(f"{method} retry: {code.name}: {retry.exception().details()}")
+            raise RuntimeError(f"{method} failed: {retry.exception().details()}")
+    tally.record(method, time.perf_counter() - start)
+    return winner.result()
+
+
+def volume_life(s: Stubs, work: Path, node_id: str, label: str, tally: Tally) -> None:
+    """One volume from creation to deletion, every request sent twice at once."""
+    vol = twice(
+        tally,
+        s.controller.CreateVolume,
+        csi_pb2.CreateVolumeRequest(
+            name=label,
+            capacity_range=csi_pb2.CapacityRange(required_bytes=32 * MiB),
+            volume_capabilities=[CAP],
+        ),
+    ).volume
+    vid = vol.volume_id
+    pc = twice(
+        tally,
+        s.controller.ControllerPublishVolume,
+        csi_pb2.ControllerPublishVolumeRequest(volume_id=vid, node_id=node_id, volume_capability=CAP),
+    ).publish_context
+    staging, target = str(work / "stg" / label), str(work / "pods" / label / "mount")
+    twice(
+        tally,
+        s.node.NodeStageVolume,
+        csi_pb2.NodeStageVolumeRequest(
+            volume_id=vid, staging_target_path=staging, volume_capability=CAP, publish_context=pc
+        ),
+    )
+    twice(
+        tally,
+        s.node.NodePublishVolume,
+        csi_pb2.NodePublishVolumeRequest(
+            volume_id=vid,
+            staging_target_path=staging,
+            target_path=target,
+            volume_capability=CAP,
+            publish_context=pc,
+        ),
+    )
+    payload = label.encode() * 4096
+    with open(os.path.join(target, "data"), "wb") as f:
+        f.write(payload)
+        os.fsync(f.fileno())
+    snap = twice(
+        tally,
+        s.controller.CreateSnapshot,
+        csi_pb2.CreateSnapshotRequest(name=f"{label}-snap", source_volume_id=vid),
+    ).snapshot
+    with open(os.path.join(target, "data"), "rb") as f:
+        if f.read() != payload:
+            with tally.lock:
+                tally.errors.append(f"{label}: data read back differs")
+    twice(
+        tally,
+        s.node.NodeUnpublishVolume,
+        csi_pb2.NodeUnpublishVolumeRequest(volume_id=vid, target_path=target),
+    )
+    twice(
+        tally,
+        s.node.NodeUnstageVolume,
+        csi_pb2.NodeUnstageVolumeRequest(volume_id=vid, staging_target_path=staging),
+    )
+    twice(
+        tally,
+        s.controller.ControllerUnpublishVolume,
+        csi_pb2.ControllerUnpublishVolumeRequest(volume_id=vid, node_id=node_id),
+    )
+    twice(tally, s.controller.DeleteSnapshot, csi_pb2.DeleteSnapshotRequest(snapshot_id=snap.snapshot_id))
+    twice(tally, s.controller.DeleteVolume, csi_pb2.DeleteVolumeRequest(volume_id=vid))
+
+
+def run_workload(
+    endpoint: str,
+    work: Path,
+    node_id: str,
+    *,
+    workers: int,
+    lives: int = 0,
+    until: float = 0.0,
+    prefix: str = "soak",
+    tally: Tally | None = None,
+) -> Tally:
+    """`workers` threads each run `lives` volume lives (or until time.monotonic() passes `until`)."""
+    tally = tally or Tally()
+    stop = threading.Event()
+
+    def worker(w: int) -> None:
+        s = Stubs.open(endpoint)
+        try:
+            n = 0
+            while not stop.is_set() and (n < lives if lives else time.monotonic() < until):
+                try:
+                    volume_life(s, work, node_id, f"{prefix}-w{w}-{n}", tally)
+                except RuntimeError:
+                    stop.set()  # an error is recorded; stop the run instead of piling up more
+                n += 1
+        finally:
+            s.channel.close()
+
+    with futures.ThreadPoolExecutor(workers) as pool:
+        list(pool.map(worker, range(workers)))
+    return tally
+
+
+def leftovers(endpoint: str, data_dir: Path) -> dict[str, Any]:
+    """What the driver still knows about and what is on disk: all must be empty after a run."""
+    s = Stubs.open(endpoint)
+    try:
+        vols = s.controller.ListVolumes(csi_pb2.ListVolumesRequest(), timeout=30).entries
+        snaps = s.controller.ListSnapshots(csi_pb2.ListSnapshotsRequest(), timeout=30).entries
+    finally:
+        s.channel.close()
+    files = [p.name for sub in ("volumes", "snapshots") for p in (data_dir / sub).iterdir()]
+    return {"volumes": len(vols), "snapshots": len(snaps), "files": files}
+
+
+def summarise(tally: Tally, seconds: float) -> dict[str, Any]:
+    from benchmarks.common import summary_ms
+
+    return {
+        "operations": tally.operations,
+        "seconds": round(seconds, 1),
+        "operations_per_second": round(tally.operations / seconds, 2) if seconds else 0,
+        "duplicates_aborted": tally.aborted,
+        "errors": tally.errors[:20],
+        "latency": {m: summary_ms(v) for m, v in sorted(tally.latencies.items())},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    from benchmarks.bench_controller import wait_ready
+    from benchmarks.common import REPO, rss_kib, stop_driver, write_result
+    from csi import loop
+    from csi.mount import Mounter
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--minutes", type=float, default=5.0)
+    args = p.parse_args(argv)
+    if os.geteuid() != 0:
+        raise SystemExit("soak needs root (loop devices and mounts)")
+    for tool in ("mkfs.ext4", "blkid", "e2fsck"):
+        if shutil.which(tool) is None:
+            raise SystemExit(f"{tool} not found")
+    work = Path(tempfile.mkdtemp(prefix="ballast-soak-"))
+    data, sock = work / "data", work / "csi.sock"
+    node = "soak-node"
+    log = work / "driver.log"  # a file, not a pipe: every aborted duplicate logs a warning
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "csi", "--endpoint", f"unix://{sock}", "--data-dir", str(data),
+             "--log-level", "warning", "--node-id", node, f"--allowed-path-prefix={work}"],
+            cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    endpoint = f"unix://{sock}"
+    try:
+        wait_ready(sock)
+        run_workload(endpoint, work, node, workers=args.workers, lives=2, prefix="warm")
+        rss_warm = rss_kib(proc.pid)
+        start = time.monotonic()
+        tally = run_workload(endpoint, work, node, workers=args.workers, until=start + args.minutes * 60)
+        seconds = time.monotonic() - start
+        rss_after = rss_kib(proc.pid)
+        left = leftovers(endpoint, data)
+    finally:
+        stop_driver(proc)
+        mounts = [m.mount_point for m in Mounter().mounts() if m.mount_point.startswith(f"{work}/")]
+        loops = [d for d in loop._bound_devices() if (loop.backing_file(d) or "").startswith(f"{work}/")]
+        for point in sorted(mounts, key=len, reverse=True):
+            Mounter().unmount(point)
+        for dev in loops:
+            loop.detach_file(loop.backing_file(dev) or "")
+    figures: dict[str, Any] = {
+        "workers": args.workers,
+        "minutes": args.minutes,
+        **summarise(tally, seconds),
+        "rss_kib_after_warmup": rss_warm,
+        "rss_kib_after_run": rss_after,
+        "rss_growth_kib": rss_after - rss_warm,
+        "left_behind": {**left, "mounts": mounts, "loop_devices": loops},
+        "driver_log_errors": [line for line in log.read_text().splitlines() if " ERROR " in line][:20],
+    }
+    write_result("soak", figures)
+    shutil.rmtree(work, ignore_errors=True)
+    clean = not (
+        tally.errors
+        or left["volumes"]
+        or left["snapshots"]
+        or left["files"]
+        or mounts
+        or loops
+        or figures["driver_log_errors"]
+    )
+    return 0 if clean else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
