@@ -143,18 +143,27 @@ def _wrap(method: str, behavior: Callable[[Any, grpc.ServicerContext], Any]) -> 
 
 
 class ErrorInterceptor(grpc.ServerInterceptor):
-    """Converts raised exceptions into gRPC statuses for every unary RPC."""
+    """Turns raised exceptions into gRPC statuses for every unary RPC; wraps each method once."""
+
+    def __init__(self) -> None:
+        self._handlers: dict[str, grpc.RpcMethodHandler] = {}
 
     def intercept_service(
         self,
         continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler | None:
+        method = handler_call_details.method
+        cached = self._handlers.get(method)
+        if cached is not None:
+            return cached
         handler = continuation(handler_call_details)
         if handler is None or handler.unary_unary is None:
             return handler
-        return grpc.unary_unary_rpc_method_handler(
-            _wrap(handler_call_details.method, handler.unary_unary),
-            request_deserializer=_lenient(handler.request_deserializer),
+        wrapped = grpc.unary_unary_rpc_method_handler(
+            _wrap(method, handler.unary_unary),
+            request_deserializer=handler.request_deserializer,
             response_serializer=handler.response_serializer,
         )
+        self._handlers[method] = wrapped
+        return wrapped

@@ -6,12 +6,13 @@ csi_secret option or a `secrets` map; `safe_dict` renders a whole message with t
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
+import os
 import sys
 import threading
 import time
-import uuid
 from typing import Any
 
 import grpc
@@ -34,10 +35,6 @@ SUMMARY_FIELDS = (
 )
 
 _request_id = threading.local()
-
-
-def set_request_id(value: str) -> None:
-    _request_id.value = value
 
 
 def request_id() -> str:
@@ -128,27 +125,51 @@ def setup(log_format: str, level: str, stream: Any = None) -> None:
     root.setLevel(level.upper())
 
 
+# Routine polling RPCs log at debug level when they succeed.
+QUIET_METHODS = frozenset({"Probe", "NodeGetCapabilities", "GetPluginInfo", "GetPluginCapabilities"})
+_ids = itertools.count(1)
+
+
+def new_request_id() -> str:
+    """Unique within the process and cheap (no syscall): pid plus a counter, in hex."""
+    return f"{os.getpid():x}-{next(_ids):x}"
+
+
 class LoggingInterceptor(grpc.ServerInterceptor):
     """Logs one line per RPC: method, identifying fields, duration and resulting code.
 
     Never logs request bodies beyond `summary()`, so secrets cannot reach the log. `observe`, if given,
-    is called with (method, code name, seconds) for metrics.
+    is called with (method, code name, seconds) for metrics. Wrapped handlers are built once per method.
     """
 
     def __init__(self, observe: Any = None) -> None:
         self._log = logging.getLogger("ballast.rpc")
         self._observe = observe
+        self._handlers: dict[str, Any] = {}
 
     def intercept_service(self, continuation: Any, handler_call_details: Any) -> Any:
+        full = handler_call_details.method
+        cached = self._handlers.get(full)
+        if cached is not None:
+            return cached
         handler = continuation(handler_call_details)
         if handler is None or handler.unary_unary is None:
             return handler
-        method = handler_call_details.method.rsplit("/", 1)[-1]
-        inner = handler.unary_unary
+        wrapped = grpc.unary_unary_rpc_method_handler(
+            self._wrap(full.rsplit("/", 1)[-1], handler.unary_unary),
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+        self._handlers[full] = wrapped
+        return wrapped
+
+    def _wrap(self, method: str, inner: Any) -> Any:
+        log, observe = self._log, self._observe
+        ok_level = logging.DEBUG if method in QUIET_METHODS else logging.INFO
 
         def logged(request: Any, context: Any) -> Any:
-            rid = uuid.uuid4().hex[:16]
-            set_request_id(rid)
+            rid = new_request_id()
+            _request_id.value = rid
             start = time.perf_counter()
             code = "OK"
             try:
@@ -159,18 +180,17 @@ class LoggingInterceptor(grpc.ServerInterceptor):
                 raise
             finally:
                 elapsed = time.perf_counter() - start
-                fields = {"method": method, **summary(request), "code": code, "ms": round(elapsed * 1000, 3)}
-                level = logging.INFO if code in ("OK",) else logging.WARNING
-                if method in ("Probe", "NodeGetCapabilities", "GetPluginInfo", "GetPluginCapabilities"):
-                    level = logging.DEBUG if code == "OK" else level
-                if self._log.isEnabledFor(level):
-                    self._log.log(level, "%s %s", method, code, extra={"fields": fields, "request_id": rid})
-                if self._observe is not None:
-                    self._observe(method, code, elapsed)
-                set_request_id("")
+                level = ok_level if code == "OK" else logging.WARNING
+                if log.isEnabledFor(level):
+                    fields = {
+                        "method": method,
+                        **summary(request),
+                        "code": code,
+                        "ms": round(elapsed * 1000, 3),
+                    }
+                    log.log(level, "%s %s", method, code, extra={"fields": fields, "request_id": rid})
+                if observe is not None:
+                    observe(method, code, elapsed)
+                _request_id.value = ""
 
-        return grpc.unary_unary_rpc_method_handler(
-            logged,
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
-        )
+        return logged
