@@ -162,7 +162,7 @@ class ErrorInterceptor(grpc.ServerInterceptor):
             return handler
         wrapped = grpc.unary_unary_rpc_method_handler(
             _wrap(method, handler.unary_unary),
-            request_deserializer=handler.request_deserializer,
+            request_deserializer=_lenient(handler.request_deserializer),
             response_serializer=handler.response_serializer,
         )
         self._handlers[method] = wrapped
