@@ -23,6 +23,7 @@ import pytest
 from csi._proto import csi_pb2
 from csi.mount import Mounter
 from tests.conformance.driver import NODE_ID
+from tests.conftest import require_tool
 from tests.csiclient import CsiClient, connect
 from tests.reliability.conftest import MiB, Proc, assert_consistent, mount_cap, read_state, retry
 
@@ -41,6 +42,8 @@ class World:
     staged: dict[str, str] = field(default_factory=dict)  # id -> staging path
     published: dict[str, str] = field(default_factory=dict)  # id -> target path
     pc: dict[str, dict[str, str]] = field(default_factory=dict)
+    fs: str = "ext4"
+    size: int = 64 * MiB
 
     @property
     def data(self) -> Path:
@@ -79,7 +82,7 @@ def stage_req(w: World, vid: str) -> csi_pb2.NodeStageVolumeRequest:
     return csi_pb2.NodeStageVolumeRequest(
         volume_id=vid,
         staging_target_path=w.staging(vid),
-        volume_capability=mount_cap(),
+        volume_capability=mount_cap(w.fs),
         publish_context=w.pc[vid],
     )
 
@@ -89,13 +92,13 @@ def publish_req(w: World, vid: str) -> csi_pb2.NodePublishVolumeRequest:
         volume_id=vid,
         staging_target_path=w.staging(vid),
         target_path=w.target(vid),
-        volume_capability=mount_cap(),
+        volume_capability=mount_cap(w.fs),
         publish_context=w.pc[vid],
     )
 
 
 def volume(w: World, label: str, *, data: bool = False) -> str:
-    vid = str(retry(w.client.controller.CreateVolume, create_req(label)).volume.volume_id)
+    vid = str(retry(w.client.controller.CreateVolume, create_req(label, w.size)).volume.volume_id)
     w.volumes[label] = vid
     if data:
         with open(w.file(vid), "r+b") as f:
@@ -230,6 +233,31 @@ def _expand_check(w: World) -> None:
     assert os.statvfs(w.target(vid)).f_blocks * os.statvfs(w.target(vid)).f_frsize > 100 * MiB
 
 
+def _prepare_node_expand(w: World) -> None:
+    """xfs (it grows online with CAP_SYS_ADMIN alone; online ext4 growth also needs CAP_SYS_RESOURCE),
+    staged and published, then grown on the controller side."""
+    require_tool("mkfs.xfs")
+    require_tool("xfs_growfs")
+    w.fs, w.size = "xfs", 320 * MiB  # mkfs.xfs refuses filesystems under 300 MiB
+    vid = with_files(w, "v")
+    stage(w, vid)
+    publish(w, vid)
+    retry(
+        w.client.controller.ControllerExpandVolume,
+        csi_pb2.ControllerExpandVolumeRequest(
+            volume_id=vid, capacity_range=csi_pb2.CapacityRange(required_bytes=512 * MiB)
+        ),
+    )
+
+
+def _node_expand_check(w: World) -> None:
+    vid = w.volumes["v"]
+    st = os.statvfs(w.target(vid))
+    assert st.f_blocks * st.f_frsize > 400 * MiB, "the filesystem did not grow (it held ~256 MiB)"
+    file_digest_at(w, vid, "v")
+    assert_consistent(w.data)
+
+
 def _delete_check(w: World) -> None:
     st = assert_consistent(w.data)
     assert w.volumes["v"] not in st.volume_rows
@@ -290,6 +318,19 @@ SCENARIOS = {
             ),
         ),
         _expand_check,
+    ),
+    "node-expand": Scenario(
+        _prepare_node_expand,
+        lambda w: (
+            "node",
+            "NodeExpandVolume",
+            csi_pb2.NodeExpandVolumeRequest(
+                volume_id=w.volumes["v"],
+                volume_path=w.target(w.volumes["v"]),
+                capacity_range=csi_pb2.CapacityRange(required_bytes=512 * MiB),
+            ),
+        ),
+        _node_expand_check,
     ),
     "delete": Scenario(
         lambda w: volume(w, "v", data=True),
