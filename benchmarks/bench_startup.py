@@ -16,7 +16,7 @@ from pathlib import Path
 
 import grpc
 
-from benchmarks.common import rss_kib, start_driver, stop_driver, summary_ms, write_result
+from benchmarks.common import driver_log, rss_kib, start_driver, stop_driver, summary_ms, write_result
 from csi._proto import csi_pb2, csi_pb2_grpc
 
 
@@ -27,7 +27,7 @@ def time_to_first_probe(workdir: Path) -> tuple[float, int]:
     try:
         while True:
             if proc.poll() is not None:
-                raise RuntimeError(f"driver exited: {proc.stderr.read().decode() if proc.stderr else ''}")
+                raise RuntimeError(f"driver exited: {driver_log(sock)}")
             if sock.exists():
                 channel = grpc.insecure_channel(f"unix://{sock}")
                 try:

@@ -18,10 +18,20 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def start_driver(sock: Path, data_dir: Path, *extra: str) -> subprocess.Popen[bytes]:
-    """The driver as a subprocess on `sock` (python -m csi), logging only warnings."""
+    """The driver as a subprocess on `sock` (python -m csi), logging warnings to `<sock>.log`.
+
+    A file rather than a pipe: nobody drains a pipe while the benchmark runs, and a full one hangs the driver.
+    """
     argv = [sys.executable, "-m", "csi", "--endpoint", f"unix://{sock}", "--data-dir", str(data_dir),
             "--log-level", "warning", *extra]  # fmt: skip
-    return subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    with open(f"{sock}.log", "ab") as log:
+        return subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=log)
+
+
+def driver_log(sock: Path) -> str:
+    """What the driver started by start_driver(sock, ...) logged."""
+    path = Path(f"{sock}.log")
+    return path.read_text(errors="replace") if path.exists() else ""
 
 
 def stop_driver(proc: subprocess.Popen[bytes]) -> int:
