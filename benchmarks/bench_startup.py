@@ -1,5 +1,8 @@
 """Driver start-up to first successful Probe, idle RSS, and Probe latency/throughput at concurrency 1 and 16.
 
+Probe is measured twice: with Python's grpc client (this script) and with a Go gRPC client
+(benchmarks/probeclient, built here with `go build`), which is how the Kubernetes sidecars call a driver.
+
 Run: .venv/bin/python -m benchmarks.bench_startup [--runs 10] [--calls 2000]
 Writes benchmarks/results/startup.json. Targets (issue 2): start-up median <= 300 ms, idle RSS <= 50 MiB,
 Probe p50 at concurrency 1 <= 0.5 ms.
@@ -8,7 +11,10 @@ Probe p50 at concurrency 1 <= 0.5 ms.
 from __future__ import annotations
 
 import argparse
+import json
+import shutil
 import statistics
+import subprocess
 import tempfile
 import threading
 import time
@@ -75,6 +81,34 @@ def probe_load(sock: Path, concurrency: int, calls: int) -> dict[str, float]:
     return {**summary_ms(flat), "calls_per_second": round(len(flat) / wall, 1)}
 
 
+PROBE_CLIENT_DIR = Path(__file__).resolve().parent / "probeclient"
+
+
+def go_probe_load(sock: Path, concurrency: int, calls: int, workdir: Path) -> dict[str, float] | str:
+    """Probe figures from the Go client, or why they could not be taken."""
+    go = shutil.which("go")
+    if go is None:
+        return "go not installed"
+    binary = workdir / "probeclient"
+    built = subprocess.run(
+        [go, "build", "-o", str(binary), "."], cwd=PROBE_CLIENT_DIR, capture_output=True, text=True
+    )
+    if built.returncode != 0:
+        return f"go build failed: {built.stderr.strip()[-300:]}"
+    argv = [
+        str(binary),
+        "-endpoint",
+        f"unix://{sock}",
+        "-calls",
+        str(calls),
+        "-concurrency",
+        str(concurrency),
+    ]
+    done = subprocess.run(argv, capture_output=True, text=True, check=True)
+    figures: dict[str, float] = json.loads(done.stdout)
+    return {k: round(v, 3) for k, v in figures.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--runs", type=int, default=10)
@@ -96,6 +130,8 @@ def main() -> None:
                 time.sleep(0.01)
             c1 = probe_load(sock, 1, args.calls)
             c16 = probe_load(sock, 16, args.calls)
+            go_c1 = go_probe_load(sock, 1, args.calls, work)
+            go_c16 = go_probe_load(sock, 16, args.calls, work)
         finally:
             stop_driver(proc)
     write_result(
@@ -108,6 +144,8 @@ def main() -> None:
             },
             "probe_concurrency_1": c1,
             "probe_concurrency_16": c16,
+            "probe_go_client_concurrency_1": go_c1,
+            "probe_go_client_concurrency_16": go_c16,
             "targets": {"startup_median_ms": 300, "idle_rss_mib": 50, "probe_p50_ms_c1": 0.5},
         },
     )
