@@ -572,7 +572,9 @@ class LocalBackend(Backend):
         self, name: str, volume_ids: Sequence[str], parameters: Mapping[str, str]
     ) -> GroupSnapshot:
         """Every member is copied inside one critical section that holds all members' locks, so no
-        expand, delete or other snapshot of a member interleaves: the copies form one instant."""
+        expand, delete or other snapshot of a member interleaves. The copies are one instant where the
+        data dir supports reflink; otherwise writes arriving through a member's loop device during the
+        copy are not held back (docs/install.md says so)."""
         if parameters:
             raise InvalidParameterError(
                 f"unknown group snapshot parameter(s) for the local backend: {', '.join(sorted(parameters))}"
