@@ -17,6 +17,7 @@ from google.protobuf.message import Message
 from google.protobuf.unknown_fields import UnknownFieldSet
 
 from csi.backends import base
+from csi.interceptors import Behavior, UnaryInterceptor
 
 log = logging.getLogger("ballast.errors")
 
@@ -142,28 +143,11 @@ def _wrap(method: str, behavior: Callable[[Any, grpc.ServicerContext], Any]) -> 
     return handler
 
 
-class ErrorInterceptor(grpc.ServerInterceptor):
-    """Turns raised exceptions into gRPC statuses for every unary RPC; wraps each method once."""
+class ErrorInterceptor(UnaryInterceptor):
+    """Turns raised exceptions into gRPC statuses for every unary RPC."""
 
-    def __init__(self) -> None:
-        self._handlers: dict[str, grpc.RpcMethodHandler] = {}
+    def wrap(self, method: str, behavior: Behavior) -> Behavior:
+        return _wrap(method, behavior)
 
-    def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler | None:
-        method = handler_call_details.method
-        cached = self._handlers.get(method)
-        if cached is not None:
-            return cached
-        handler = continuation(handler_call_details)
-        if handler is None or handler.unary_unary is None:
-            return handler
-        wrapped = grpc.unary_unary_rpc_method_handler(
-            _wrap(method, handler.unary_unary),
-            request_deserializer=_lenient(handler.request_deserializer),
-            response_serializer=handler.response_serializer,
-        )
-        self._handlers[method] = wrapped
-        return wrapped
+    def deserializer(self, original: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+        return _lenient(original)

@@ -15,11 +15,11 @@ import threading
 import time
 from typing import Any
 
-import grpc
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
 from csi._proto import csi_pb2
+from csi.interceptors import UnaryInterceptor
 
 # Identifiers worth a log line; none can hold a secret.
 SUMMARY_FIELDS = (
@@ -135,35 +135,20 @@ def new_request_id() -> str:
     return f"{os.getpid():x}-{next(_ids):x}"
 
 
-class LoggingInterceptor(grpc.ServerInterceptor):
+class LoggingInterceptor(UnaryInterceptor):
     """Logs one line per RPC: method, identifying fields, duration and resulting code.
 
     Never logs request bodies beyond `summary()`, so secrets cannot reach the log. `observe`, if given,
-    is called with (method, code name, seconds) for metrics. Wrapped handlers are built once per method.
+    is called with (method, code name, seconds) for metrics.
     """
 
     def __init__(self, observe: Any = None) -> None:
+        super().__init__()
         self._log = logging.getLogger("ballast.rpc")
         self._observe = observe
-        self._handlers: dict[str, Any] = {}
 
-    def intercept_service(self, continuation: Any, handler_call_details: Any) -> Any:
-        full = handler_call_details.method
-        cached = self._handlers.get(full)
-        if cached is not None:
-            return cached
-        handler = continuation(handler_call_details)
-        if handler is None or handler.unary_unary is None:
-            return handler
-        wrapped = grpc.unary_unary_rpc_method_handler(
-            self._wrap(full.rsplit("/", 1)[-1], handler.unary_unary),
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
-        )
-        self._handlers[full] = wrapped
-        return wrapped
-
-    def _wrap(self, method: str, inner: Any) -> Any:
+    def wrap(self, full_method: str, inner: Any) -> Any:
+        method = full_method.rsplit("/", 1)[-1]
         log, observe = self._log, self._observe
         ok_level = logging.DEBUG if method in QUIET_METHODS else logging.INFO
 
