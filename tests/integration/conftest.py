@@ -9,6 +9,7 @@ after removing them (so a failing test never leaks into the next one).
 from __future__ import annotations
 
 import os
+import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -236,3 +237,13 @@ def node_env(tmp_path: Path) -> Iterator[NodeEnv]:
             problems.append(f"leaked mounts {mounts} and loop devices {loops}")
     if problems:
         pytest.fail("; ".join(problems), pytrace=False)
+
+
+def write_mbr(path: str, start_sector: int, sectors: int) -> None:
+    """One Linux partition in a DOS partition table at the start of a volume file."""
+    entry = struct.pack("<B3sB3sII", 0, b"\0\0\0", 0x83, b"\0\0\0", start_sector, sectors)
+    with open(path, "r+b") as fh:
+        fh.seek(446)
+        fh.write(entry)
+        fh.seek(510)
+        fh.write(b"\x55\xaa")

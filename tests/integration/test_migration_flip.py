@@ -9,7 +9,6 @@ data dir (after removing them), so nothing leaks even when a step fails.
 from __future__ import annotations
 
 import os
-import struct
 import subprocess
 import sys
 import threading
@@ -34,7 +33,7 @@ from shim import Translator
 from shim.router import GateSwitch, MigrationLocks, Route, RouteEvent, Router, VolumeSpec
 from tests.conftest import REPO, require_root, require_tool
 from tests.csiclient import client, connect
-from tests.integration.conftest import force_clean, leftovers
+from tests.integration.conftest import force_clean, leftovers, write_mbr
 
 EBS = "kubernetes.io/aws-ebs"
 DRIVER = "ebs.csi.aws.com"
@@ -297,16 +296,6 @@ def test_expand_on_one_path_after_staging_on_the_other(flip_env: FlipEnv) -> Non
 # --------------------------------------------------------------------------- what translation produces
 
 
-def _write_mbr(path: str, start_sector: int, sectors: int) -> None:
-    """One Linux partition in a DOS partition table at the start of a volume file."""
-    entry = struct.pack("<B3sB3sII", 0, b"\0\0\0", 0x83, b"\0\0\0", start_sector, sectors)
-    with open(path, "r+b") as fh:
-        fh.seek(446)
-        fh.write(entry)
-        fh.seek(510)
-        fh.write(b"\x55\xaa")
-
-
 def test_partition_attribute_is_honoured_by_both_paths(flip_env: FlipEnv) -> None:
     """In-tree `partition: 1` becomes the CSI attribute "1": both paths stage /dev/loopNp1, and both
     refuse the whole device (it holds a partition table) when the partition is 0."""
@@ -314,7 +303,7 @@ def test_partition_attribute_is_honoured_by_both_paths(flip_env: FlipEnv) -> Non
     pv = env.router.provision(EBS, STORAGE_CLASS, "pvc-part", SIZE)
     volume_id = pv["spec"]["awsElasticBlockStore"]["volumeID"]
     volume_file = str(env.data / "volumes" / f"{volume_id}.img")
-    _write_mbr(volume_file, 2048, SIZE // 512 - 2048)
+    write_mbr(volume_file, 2048, SIZE // 512 - 2048)
     whole = VolumeSpec.of_pv(env.pv(volume_id))
     part = env.pv(volume_id)
     part["spec"]["awsElasticBlockStore"]["partition"] = 1

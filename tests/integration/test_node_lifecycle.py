@@ -16,7 +16,7 @@ from csi.mount import Mounter
 from csi.mount import device_readonly as mount_readonly
 from tests.conftest import require_tool
 from tests.csiclient import assert_code
-from tests.integration.conftest import MiB, NodeEnv, block_cap, mount_cap
+from tests.integration.conftest import MiB, NodeEnv, block_cap, mount_cap, write_mbr
 
 AccessMode = csi_pb2.VolumeCapability.AccessMode
 Usage = csi_pb2.VolumeUsage
@@ -173,18 +173,9 @@ def test_existing_filesystem_is_never_reformatted(node_env: NodeEnv, fs_type: st
         assert fh.read() == "precious"
 
 
-def _write_mbr(path: str, start_sector: int, sectors: int) -> None:
-    entry = struct.pack("<B3sB3sII", 0, b"\0\0\0", 0x83, b"\0\0\0", start_sector, sectors)
-    with open(path, "r+b") as fh:
-        fh.seek(446)
-        fh.write(entry)
-        fh.seek(510)
-        fh.write(b"\x55\xaa")
-
-
 def test_partition_table_is_never_formatted_and_partition_attribute_selects_one(node_env: NodeEnv) -> None:
     vol = node_env.volume(64 * MiB)
-    _write_mbr(vol.file, 2048, (64 * MiB // 512) - 2048)
+    write_mbr(vol.file, 2048, (64 * MiB // 512) - 2048)
     cap = mount_cap()
     request = csi_pb2.NodeStageVolumeRequest(
         volume_id=vol.id, staging_target_path=vol.staging, volume_capability=cap
