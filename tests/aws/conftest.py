@@ -11,11 +11,11 @@ from typing import Any
 import boto3
 import pytest
 from botocore.config import Config as BotoConfig
-from moto import server as moto_server
 
 from csi.backends.aws import AwsBackend
 from csi.backends.aws_devices import DeviceFinder
 from csi.backends.aws_errors import Backoff
+from tests.motoserver import running_moto
 
 REGION = "us-east-1"
 ZONE = "us-east-1a"
@@ -25,16 +25,12 @@ AMI = "ami-03cf127a"  # moto does not check image ids
 
 @pytest.fixture(scope="session")
 def moto_endpoint() -> Iterator[str]:
-    # Without its ~1300 built-in images moto sets up an account in milliseconds instead of a second.
     saved = os.environ.get("MOTO_EC2_LOAD_DEFAULT_AMIS")
     os.environ["MOTO_EC2_LOAD_DEFAULT_AMIS"] = "false"
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
     try:
-        yield f"http://{host}:{port}"
+        with running_moto() as endpoint:
+            yield endpoint
     finally:
-        server.stop()
         if saved is None:
             os.environ.pop("MOTO_EC2_LOAD_DEFAULT_AMIS", None)
         else:

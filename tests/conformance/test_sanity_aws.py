@@ -13,11 +13,11 @@ from pathlib import Path
 
 import boto3
 import pytest
-from moto import server as moto_server
 
 from tests.conformance.conftest import run_sanity, write_yaml_map
 from tests.conformance.driver import running_driver
 from tests.conftest import require_tool
+from tests.motoserver import running_moto
 
 pytestmark = pytest.mark.slow
 
@@ -46,13 +46,8 @@ def moto_ec2(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
         monkeypatch.setenv(name, value)
     for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_EC2"):
         monkeypatch.delenv(name, raising=False)
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    try:
-        yield f"http://{host}:{port}"
-    finally:
-        server.stop()
+    with running_moto() as endpoint:
+        yield endpoint
 
 
 def test_controller_and_identity_specs_against_moto(sanity_dir: Path, moto_ec2: str) -> None:
