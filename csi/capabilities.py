@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from csi._proto import csi_pb2
 from csi.backends.base import BackendCapabilities
@@ -14,8 +13,7 @@ NRPC = csi_pb2.NodeServiceCapability.RPC
 AccessMode = csi_pb2.VolumeCapability.AccessMode
 
 
-@dataclass(frozen=True)
-class Capabilities:
+class Capabilities(NamedTuple):
     """What this process advertises, derived once at start-up."""
 
     backend: BackendCapabilities

@@ -11,8 +11,7 @@ import functools
 import os
 import socket
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from shim.gates import FeatureGateError, FeatureGates
 
@@ -33,8 +32,7 @@ def version() -> str:
         return "0.0.0+unknown"
 
 
-@dataclass(frozen=True)
-class ServerConfig:
+class ServerConfig(NamedTuple):
     mode: str = "all"
     endpoint: str = DEFAULT_ENDPOINT
     workers: int = 16
@@ -44,8 +42,7 @@ class ServerConfig:
     feature_gates: str = ""
 
 
-@dataclass(frozen=True)
-class BackendConfig:
+class BackendConfig(NamedTuple):
     name: str = "local"
     driver_name: str = DEFAULT_DRIVER_NAMES["local"]
     data_dir: str = "/var/lib/ballast"
@@ -56,8 +53,7 @@ class BackendConfig:
     aws_endpoint_url: str = ""
 
 
-@dataclass(frozen=True)
-class NodeConfig:
+class NodeConfig(NamedTuple):
     node_id: str = ""
     max_volumes_per_node: int = 0  # 0: backend default
     kubelet_dir: str = "/var/lib/kubelet"
@@ -70,11 +66,10 @@ class NodeConfig:
         return (self.kubelet_dir, *self.allowed_path_prefixes)
 
 
-@dataclass(frozen=True)
-class Config:
-    server: ServerConfig = field(default_factory=ServerConfig)
-    backend: BackendConfig = field(default_factory=BackendConfig)
-    node: NodeConfig = field(default_factory=NodeConfig)
+class Config(NamedTuple):
+    server: ServerConfig = ServerConfig()
+    backend: BackendConfig = BackendConfig()
+    node: NodeConfig = NodeConfig()
 
     @property
     def runs_controller(self) -> bool:

@@ -8,7 +8,7 @@ stack and answered INTERNAL with a short message that carries no traceback text.
 from __future__ import annotations
 
 import logging
-import uuid
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -94,7 +94,7 @@ def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     if isinstance(exc, NotImplementedError):
         # generated servicer base methods raise this for RPCs a service does not implement
         return grpc.StatusCode.UNIMPLEMENTED, "this RPC is not implemented by ballast"
-    ref = uuid.uuid4().hex[:12]
+    ref = os.urandom(6).hex()
     return grpc.StatusCode.INTERNAL, f"internal error (reference {ref}); the driver log has the details"
 
 

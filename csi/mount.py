@@ -15,7 +15,6 @@ Contracts:
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import fcntl
 import os
@@ -24,8 +23,7 @@ import shutil
 import struct
 import subprocess
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from csi import keys
 from csi.errors import InvalidArgument
@@ -54,8 +52,7 @@ SBIN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # ---------------------------------------------------------------------------- command runner
 
 
-@dataclass(frozen=True)
-class Result:
+class Result(NamedTuple):
     argv: tuple[str, ...]
     returncode: int
     stdout: str = ""
@@ -284,8 +281,7 @@ def mkfs_argv(device: str, fs_type: str, options: Mapping[str, str]) -> list[str
 # ---------------------------------------------------------------------------- mount table
 
 
-@dataclass(frozen=True)
-class MountInfo:
+class MountInfo(NamedTuple):
     """One /proc/self/mountinfo line."""
 
     mount_id: int
@@ -341,8 +337,7 @@ def parse_mountinfo(text: str) -> list[MountInfo]:
 # ---------------------------------------------------------------------------- probing
 
 
-@dataclass(frozen=True)
-class Probe:
+class Probe(NamedTuple):
     """What blkid found on a device: filesystem type and partition table type ('' when none)."""
 
     fs_type: str = ""
@@ -353,8 +348,7 @@ class Probe:
         return not self.fs_type and not self.pt_type
 
 
-@dataclass(frozen=True)
-class Stats:
+class Stats(NamedTuple):
     total_bytes: int
     available_bytes: int
     used_bytes: int
@@ -440,7 +434,9 @@ class _Libc:
     """mount(2)/umount2(2) through ctypes."""
 
     def __init__(self) -> None:
-        lib = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        # The interpreter's own symbols include libc; ctypes.util.find_library would run ldconfig in a
+        # subprocess, about 10 ms of start-up.
+        lib = ctypes.CDLL(None, use_errno=True)
         self._mount = lib.mount
         self._mount.argtypes = [
             ctypes.c_char_p,

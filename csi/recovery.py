@@ -19,9 +19,9 @@ import os
 import sqlite3
 import sys
 import time
+import urllib.parse
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from csi.backends.base import FailedPreconditionError
@@ -50,6 +50,12 @@ def _advice(data_dir: str) -> str:
     )
 
 
+def _open_read_only(db: str, timeout: float) -> sqlite3.Connection:
+    """A connection that cannot write `db`, whatever characters its path holds."""
+    uri = f"file://{urllib.parse.quote(os.path.abspath(db))}?mode=ro"
+    return sqlite3.connect(uri, uri=True, timeout=timeout)
+
+
 def check_state(data_dir: str) -> None:
     """Raise StateUnusable when `<data_dir>/state.db` must not be opened as it is. Read-only."""
     db = os.path.join(data_dir, STATE_DB)
@@ -67,7 +73,7 @@ def check_state(data_dir: str) -> None:
             )
         return
     try:
-        con = sqlite3.connect(f"{Path(db).as_uri()}?mode=ro", uri=True, timeout=30.0)
+        con = _open_read_only(db, timeout=30.0)
         try:
             verdict = [str(r[0]) for r in con.execute("PRAGMA quick_check").fetchall()]
             tables = {str(r[0]) for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
@@ -106,7 +112,7 @@ def salvage(db: str) -> Salvage:
     if not os.path.exists(db) or os.path.getsize(db) == 0:
         return out
     try:
-        con = sqlite3.connect(f"{Path(db).as_uri()}?mode=ro", uri=True, timeout=5.0)
+        con = _open_read_only(db, timeout=5.0)
     except sqlite3.Error as exc:
         out.problems.append(f"cannot open the old database: {exc}")
         return out
@@ -261,9 +267,9 @@ def _recover_snapshots(
         if snap.id in grouped:
             continue
         try:
-            store.insert_snapshots([replace(snap, group_id="")])
+            store.insert_snapshots([snap._replace(group_id="")])
         except NameTaken:
-            store.insert_snapshots([replace(snap, group_id="", name="")])
+            store.insert_snapshots([snap._replace(group_id="", name="")])
         report.snapshots += 1
     return set(rows)
 

@@ -12,11 +12,9 @@ Contract:
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Literal
+from typing import Literal, NamedTuple
 
 UMBRELLA_GATE = "CSIMigration"
 
@@ -27,8 +25,7 @@ class FeatureGateError(ValueError):
     """A `--feature-gates` value, gate name or plugin name that cannot be accepted."""
 
 
-@dataclass(frozen=True)
-class GateSpec:
+class GateSpec(NamedTuple):
     """One known gate: its Ballast default and, for the docs, its fate in Kubernetes."""
 
     name: str
@@ -40,8 +37,7 @@ class GateSpec:
     kubernetes_history: str
 
 
-@dataclass(frozen=True)
-class PluginGates:
+class PluginGates(NamedTuple):
     """The two per-plugin gates of one in-tree plugin."""
 
     plugin: str
@@ -131,6 +127,8 @@ def parse_bool(value: str) -> bool:
 def _check_name(name: str) -> None:
     if name in GATES_BY_NAME:
         return
+    import difflib  # only on this error path: it is slow to import
+
     message = f"unrecognized feature gate {name!r}"
     close = difflib.get_close_matches(name, GATES_BY_NAME, n=1, cutoff=0.8)
     if close:

@@ -17,7 +17,6 @@ import itertools
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from typing import Any
 
 from csi import keys
@@ -67,7 +66,7 @@ def all_capabilities(**overrides: Any) -> BackendCapabilities:
         topology_keys=(FAKE_ZONE_KEY,),
         max_volumes_per_node=16,
     )
-    return replace(caps, **overrides)
+    return caps._replace(**overrides)
 
 
 class FakeBackend(base.Backend):
@@ -219,14 +218,14 @@ class FakeBackend(base.Backend):
         self._enter("get_volume", volume_id)
         disk = self._volume(volume_id)
         if volume_id in self.conditions:
-            disk = replace(disk, condition=self.conditions[volume_id])
+            disk = disk._replace(condition=self.conditions[volume_id])
         return disk
 
     def list_volumes(self, max_entries: int = 0, starting_token: str = "") -> Page[Disk]:
         self._enter("list_volumes", max_entries, starting_token)
         with self._lock:
             items = [
-                replace(v, condition=self.conditions.get(v.id, v.condition)) for v in self.volumes.values()
+                v._replace(condition=self.conditions.get(v.id, v.condition)) for v in self.volumes.values()
             ]
         return self._page(items, max_entries, starting_token, "fvt-")
 
@@ -238,14 +237,14 @@ class FakeBackend(base.Backend):
                 raise OutOfRangeError(f"cannot shrink {volume_id} from {disk.size_bytes} to {size_bytes}")
             if disk.attachments and not self.capabilities.expand_online:
                 raise FailedPreconditionError(f"volume {volume_id} is published; expand it offline")
-            self.volumes[volume_id] = replace(disk, size_bytes=size_bytes)
+            self.volumes[volume_id] = disk._replace(size_bytes=size_bytes)
             return size_bytes
 
     def modify_volume(self, volume_id: str, mutable_parameters: Mapping[str, str]) -> Disk:
         self._enter("modify_volume", volume_id, dict(mutable_parameters))
         with self._lock:
             disk = self._volume(volume_id)
-            disk = replace(disk, parameters={**disk.parameters, **mutable_parameters})
+            disk = disk._replace(parameters={**disk.parameters, **mutable_parameters})
             self.volumes[volume_id] = disk
             return disk
 
@@ -278,7 +277,7 @@ class FakeBackend(base.Backend):
             if limit and on_node >= limit:
                 raise LimitExceededError(f"node {node_id} already has {on_node} volumes attached")
             att = Attachment(node_id=node_id, readonly=readonly, publish_context=context)
-            self.volumes[volume_id] = replace(disk, attachments=(*disk.attachments, att))
+            self.volumes[volume_id] = disk._replace(attachments=(*disk.attachments, att))
             return dict(context)
 
     def detach(self, volume_id: str, node_id: str) -> None:
@@ -286,7 +285,7 @@ class FakeBackend(base.Backend):
         with self._lock:
             disk = self._volume(volume_id)
             rest = tuple(a for a in disk.attachments if a.node_id != node_id)
-            self.volumes[volume_id] = replace(disk, attachments=rest)
+            self.volumes[volume_id] = disk._replace(attachments=rest)
 
     # ---- snapshots
 

@@ -1,7 +1,7 @@
 """The cloud-provider interface every backend implements, its capability flags, domain values and errors.
 
-Backends take and return plain values and the dataclasses below; they never import grpc. Errors are
-raised as the BackendError subclasses here; csi/errors.py maps each class to one gRPC code.
+Backends take and return plain values and the immutable records (NamedTuples) below; they never import
+grpc. Errors are raised as the BackendError subclasses here; csi/errors.py maps each class to one gRPC code.
 Every method documents its idempotency and not-found contract; implementations must honour both.
 """
 
@@ -10,10 +10,13 @@ from __future__ import annotations
 import abc
 import enum
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from types import MappingProxyType
+from typing import Generic, NamedTuple, TypeVar
 
 T = TypeVar("T")
+
+# The default of every mapping field: shared by all instances, so it must not be mutable.
+_EMPTY: Mapping[str, str] = MappingProxyType({})
 
 GiB = 1024**3
 MiB = 1024**2
@@ -70,33 +73,29 @@ class SourceKind(enum.Enum):
     VOLUME = "volume"
 
 
-@dataclass(frozen=True)
-class ContentSource:
+class ContentSource(NamedTuple):
     """What a new volume is populated from."""
 
     kind: SourceKind
     id: str
 
 
-@dataclass(frozen=True)
-class Condition:
+class Condition(NamedTuple):
     """Health of a volume as the backend sees it."""
 
     abnormal: bool = False
     message: str = "volume is healthy"
 
 
-@dataclass(frozen=True)
-class Attachment:
+class Attachment(NamedTuple):
     """One node a volume is published to."""
 
     node_id: str
     readonly: bool = False
-    publish_context: Mapping[str, str] = field(default_factory=dict)
+    publish_context: Mapping[str, str] = _EMPTY
 
 
-@dataclass(frozen=True)
-class DiskOptions:
+class DiskOptions(NamedTuple):
     """Everything create_volume needs besides the name.
 
     `parameters` are backend parameters already validated by `Backend.validate_parameters`.
@@ -107,9 +106,9 @@ class DiskOptions:
     """
 
     size_bytes: int
-    parameters: Mapping[str, str] = field(default_factory=dict)
-    context: Mapping[str, str] = field(default_factory=dict)
-    mutable_parameters: Mapping[str, str] = field(default_factory=dict)
+    parameters: Mapping[str, str] = _EMPTY
+    context: Mapping[str, str] = _EMPTY
+    mutable_parameters: Mapping[str, str] = _EMPTY
     requisite: Sequence[Mapping[str, str]] = ()
     preferred: Sequence[Mapping[str, str]] = ()
     source: ContentSource | None = None
@@ -117,24 +116,22 @@ class DiskOptions:
     block: bool = False
 
 
-@dataclass(frozen=True)
-class Disk:
+class Disk(NamedTuple):
     """A volume as the backend reports it."""
 
     id: str
     name: str
     size_bytes: int
-    topology: Mapping[str, str] = field(default_factory=dict)
-    parameters: Mapping[str, str] = field(default_factory=dict)
-    volume_context: Mapping[str, str] = field(default_factory=dict)
+    topology: Mapping[str, str] = _EMPTY
+    parameters: Mapping[str, str] = _EMPTY
+    volume_context: Mapping[str, str] = _EMPTY
     source: ContentSource | None = None
     attachments: Sequence[Attachment] = ()
-    condition: Condition = field(default_factory=Condition)
+    condition: Condition = Condition()
     multi_node: bool = False
 
 
-@dataclass(frozen=True)
-class Snapshot:
+class Snapshot(NamedTuple):
     """A point-in-time copy of one volume."""
 
     id: str
@@ -146,8 +143,7 @@ class Snapshot:
     group_id: str = ""
 
 
-@dataclass(frozen=True)
-class GroupSnapshot:
+class GroupSnapshot(NamedTuple):
     """Snapshots of several volumes taken at one instant."""
 
     id: str
@@ -157,25 +153,22 @@ class GroupSnapshot:
     ready: bool = True
 
 
-@dataclass(frozen=True)
-class NodeIdentity:
+class NodeIdentity(NamedTuple):
     """What NodeGetInfo reports for this host."""
 
     node_id: str
     max_volumes: int
-    topology: Mapping[str, str] = field(default_factory=dict)
+    topology: Mapping[str, str] = _EMPTY
 
 
-@dataclass(frozen=True)
-class Page(Generic[T]):
+class Page(NamedTuple, Generic[T]):
     """One page of a listing; `next_token` is empty on the last page."""
 
     items: Sequence[T]
     next_token: str = ""
 
 
-@dataclass(frozen=True)
-class BackendCapabilities:
+class BackendCapabilities(NamedTuple):
     """What a backend can do. The advertised CSI capabilities are derived from this in one place
     (csi/capabilities.py) and enforced at RPC entry."""
 

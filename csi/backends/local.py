@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import re
-import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -60,6 +59,13 @@ SNAPSHOT_ID = re.compile(r"ls-[0-9a-f]{32}")
 GROUP_ID = re.compile(r"lg-[0-9a-f]{32}")
 VOLUME_TOKEN = re.compile(r"lvt-([0-9]{1,18})")
 SNAPSHOT_TOKEN = re.compile(r"lst-([0-9]{1,18})")
+
+
+def _token() -> str:
+    """32 random hex digits for a new id, the format VOLUME_ID, SNAPSHOT_ID and GROUP_ID check."""
+    return os.urandom(16).hex()
+
+
 DEFAULT_MAX_VOLUMES = 128  # loop devices are cheap; kernels allow far more
 
 
@@ -324,7 +330,7 @@ class LocalBackend(Backend):
                     f"{options.size_bytes} bytes requested, {max(0, self.capacity_limit - used)} of the "
                     f"--capacity limit {self.capacity_limit} left"
                 )
-        volume_id = self.volume_prefix + secrets.token_hex(16)
+        volume_id = self.volume_prefix + _token()
         path = self.volume_path(volume_id)
         if options.source is None:
             files.create_sparse(path, options.size_bytes)
@@ -502,7 +508,7 @@ class LocalBackend(Backend):
                 )
             return self._snapshot(existing)
         src = self.volume_path(source_volume_id)
-        snapshot_id = "ls-" + secrets.token_hex(16)
+        snapshot_id = "ls-" + _token()
         dst = self.snapshot_path(snapshot_id)
         with self._locked(source_volume_id):
             row = self._row(source_volume_id)
@@ -587,13 +593,13 @@ class LocalBackend(Backend):
         if len(set(volume_ids)) != len(volume_ids):
             raise InvalidParameterError("source_volume_ids contains duplicates")
         paths = {v: self.volume_path(v) for v in volume_ids}
-        group_id, now = "lg-" + secrets.token_hex(16), time.time()
+        group_id, now = "lg-" + _token(), time.time()
         members: list[SnapshotRow] = []
         with self._locked(*volume_ids):
             rows = [self._row(v) for v in volume_ids]
             try:
                 for row in rows:
-                    snap_id = "ls-" + secrets.token_hex(16)
+                    snap_id = "ls-" + _token()
                     files.copy(paths[row.id], self.snapshot_path(snap_id))
                     members.append(SnapshotRow(0, snap_id, "", row.id, row.size, now, group_id))
             except BaseException as exc:

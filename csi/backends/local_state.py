@@ -14,8 +14,7 @@ import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from csi.backends.base import FailedPreconditionError, LimitExceededError, NotFoundError, OutOfCapacityError
 
@@ -61,8 +60,7 @@ class NameTaken(Exception):
     """An insert lost a race for a unique name; the caller re-reads the winner."""
 
 
-@dataclass(frozen=True)
-class VolumeRow:
+class VolumeRow(NamedTuple):
     seq: int
     id: str
     name: str
@@ -72,15 +70,13 @@ class VolumeRow:
     created: float
 
 
-@dataclass(frozen=True)
-class AttachmentRow:
+class AttachmentRow(NamedTuple):
     volume_id: str
     node_id: str
     readonly: bool
 
 
-@dataclass(frozen=True)
-class SnapshotRow:
+class SnapshotRow(NamedTuple):
     seq: int
     id: str
     name: str
@@ -90,8 +86,7 @@ class SnapshotRow:
     group_id: str
 
 
-@dataclass(frozen=True)
-class GroupRow:
+class GroupRow(NamedTuple):
     id: str
     name: str
     volume_ids: tuple[str, ...]
