@@ -206,4 +206,4 @@ def test_copied_sources_build_a_complete_wheel(
         assert module in names, module
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     text = zipfile.ZipFile(wheel).read(entry_points).decode()
-    assert "ballast-csi = csi.server:main" in text
+    assert "ballast-csi = csi.__main__:main" in text
