@@ -33,9 +33,8 @@ def generate(out_dir: Path) -> list[Path]:
     if protoc.main(args) != 0:
         raise SystemExit("protoc failed")
     grpc_file = out_dir / "csi_pb2_grpc.py"
-    grpc_file.write_text(
-        grpc_file.read_text().replace("import csi_pb2 as csi__pb2", "from csi._proto import csi_pb2 as csi__pb2")
-    )
+    package_import = "from csi._proto import csi_pb2 as csi__pb2"
+    grpc_file.write_text(grpc_file.read_text().replace("import csi_pb2 as csi__pb2", package_import))
     init = out_dir / "__init__.py"
     init.write_text('"""Generated CSI v1.12 stubs; regenerate with `make proto`, never edit by hand."""\n')
     return sorted(out_dir.glob("*.py*"))
