@@ -1,9 +1,16 @@
 """Driver start-up to first successful Probe, idle RSS, and Probe latency/throughput at concurrency 1 and 16.
 
-Probe is measured twice: with Python's grpc client (this script) and with a Go gRPC client
-(benchmarks/probeclient, built here with `go build`), which is how the Kubernetes sidecars call a driver.
+The driver runs as the image runs it: a regular install of this checkout with compiled bytecode
+(common.deployed_python), not the dev venv's editable install.
 
-Run: .venv/bin/python -m benchmarks.bench_startup [--runs 10] [--calls 2000]
+Probe is measured with two clients: Python's grpc client (this process) and a Go gRPC client
+(benchmarks/probeclient), which is how kubelet and the sidecars call a driver. The same two clients are
+also pointed at two floors, so the driver's figures can be read against them:
+- `floor_grpcio`: a grpcio server with an empty Probe, no interceptors, same interpreter and pool size
+  (benchmarks/floor_server.py). Driver minus this is what Ballast's own code costs per call.
+- `floor_grpc_go`: a grpc-go server with an empty Probe (probeclient -serve): the transport alone.
+
+Run: .venv/bin/python -m benchmarks.bench_startup [--runs 30] [--calls 4000]
 Writes benchmarks/results/startup.json. Targets (issue 2): start-up median <= 300 ms, idle RSS <= 50 MiB,
 Probe p50 at concurrency 1 <= 0.5 ms.
 """
@@ -18,18 +25,34 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import grpc
 
-from benchmarks.common import driver_log, rss_kib, start_driver, stop_driver, summary_ms, write_result
+from benchmarks.common import (
+    deployed_python,
+    driver_log,
+    rss_kib,
+    start_driver,
+    stop_driver,
+    summary_ms,
+    write_result,
+)
 from csi._proto import csi_pb2, csi_pb2_grpc
 
+PROBE_CLIENT_DIR = Path(__file__).resolve().parent / "probeclient"
+FLOOR_SERVER = Path(__file__).resolve().parent / "floor_server.py"
+WORKERS = "16"  # the driver's --workers default, given to the floor server too
 
-def time_to_first_probe(workdir: Path) -> tuple[float, int]:
+
+def time_to_first_probe(workdir: Path, python: str) -> tuple[float, int]:
+    """Seconds from spawning the driver to its first ready Probe, and its RSS (KiB) a second later."""
     sock = workdir / "csi.sock"
     start = time.perf_counter()
-    proc = start_driver(sock, workdir / "data")
+    proc = start_driver(sock, workdir / "data", python=python)
     try:
         while True:
             if proc.poll() is not None:
@@ -52,11 +75,12 @@ def time_to_first_probe(workdir: Path) -> tuple[float, int]:
         stop_driver(proc)
 
 
-def probe_load(sock: Path, concurrency: int, calls: int) -> dict[str, float]:
+def python_probe_load(sock: Path, concurrency: int, calls: int) -> dict[str, float]:
+    """Probe figures from Python's grpc client: `concurrency` threads, one channel each."""
     channels = [grpc.insecure_channel(f"unix://{sock}") for _ in range(concurrency)]
     stubs = [csi_pb2_grpc.IdentityStub(c) for c in channels]
     for stub in stubs:
-        stub.Probe(csi_pb2.ProbeRequest())  # warm up
+        stub.Probe(csi_pb2.ProbeRequest(), wait_for_ready=True, timeout=30)  # warm up
     per_thread = calls // concurrency
     samples: list[list[float]] = [[] for _ in range(concurrency)]
 
@@ -81,59 +105,81 @@ def probe_load(sock: Path, concurrency: int, calls: int) -> dict[str, float]:
     return {**summary_ms(flat), "calls_per_second": round(len(flat) / wall, 1)}
 
 
-PROBE_CLIENT_DIR = Path(__file__).resolve().parent / "probeclient"
-
-
-def go_probe_load(sock: Path, concurrency: int, calls: int, workdir: Path) -> dict[str, float] | str:
-    """Probe figures from the Go client, or why they could not be taken."""
+def build_probeclient(workdir: Path) -> str | None:
+    """Path of the built Go client, or None when Go is missing (its figures are then left out)."""
     go = shutil.which("go")
     if go is None:
-        return "go not installed"
+        return None
     binary = workdir / "probeclient"
-    built = subprocess.run(
-        [go, "build", "-o", str(binary), "."], cwd=PROBE_CLIENT_DIR, capture_output=True, text=True
-    )
-    if built.returncode != 0:
-        return f"go build failed: {built.stderr.strip()[-300:]}"
-    argv = [
-        str(binary),
-        "-endpoint",
-        f"unix://{sock}",
-        "-calls",
-        str(calls),
-        "-concurrency",
-        str(concurrency),
-    ]
+    subprocess.run([go, "build", "-o", str(binary), "."], cwd=PROBE_CLIENT_DIR, check=True)
+    return str(binary)
+
+
+def go_probe_load(binary: str, sock: Path, concurrency: int, calls: int) -> dict[str, float]:
+    argv = [binary, "-endpoint", f"unix://{sock}", "-calls", str(calls), "-concurrency", str(concurrency)]
     done = subprocess.run(argv, capture_output=True, text=True, check=True)
     figures: dict[str, float] = json.loads(done.stdout)
     return {k: round(v, 3) for k, v in figures.items()}
 
 
+def probe_figures(sock: Path, calls: int, go_client: str | None) -> dict[str, Any]:
+    figures: dict[str, Any] = {
+        "python_client_c1": python_probe_load(sock, 1, calls),
+        "python_client_c16": python_probe_load(sock, 16, calls),
+    }
+    if go_client:
+        figures["go_client_c1"] = go_probe_load(go_client, sock, 1, calls)
+        figures["go_client_c16"] = go_probe_load(go_client, sock, 16, calls)
+    return figures
+
+
+@contextmanager
+def serving(proc: subprocess.Popen[bytes], sock: Path) -> Iterator[Path]:
+    """Wait until `proc` serves on `sock` (at most 30 s), yield it, and stop the process afterwards."""
+    try:
+        deadline = time.monotonic() + 30
+        while not sock.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{proc.args!r} did not start serving on {sock}")
+            time.sleep(0.01)
+        yield sock
+    finally:
+        stop_driver(proc)
+
+
+def spawn(argv: list[str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--runs", type=int, default=10)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--calls", type=int, default=4000)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="ballast-bench-") as tmp:
         work = Path(tmp)
+        python = deployed_python(work)
+        go_client = build_probeclient(work)
         startups, rss = [], []
         for i in range(args.runs):
             run_dir = work / f"run{i}"
             run_dir.mkdir()
-            elapsed, kib = time_to_first_probe(run_dir)
+            elapsed, kib = time_to_first_probe(run_dir, python)
             startups.append(elapsed)
             rss.append(kib)
-        sock = work / "load.sock"
-        proc = start_driver(sock, work / "load-data")
-        try:
-            while not sock.exists():
-                time.sleep(0.01)
-            c1 = probe_load(sock, 1, args.calls)
-            c16 = probe_load(sock, 16, args.calls)
-            go_c1 = go_probe_load(sock, 1, args.calls, work)
-            go_c16 = go_probe_load(sock, 16, args.calls, work)
-        finally:
-            stop_driver(proc)
+
+        sock = work / "driver.sock"
+        with serving(start_driver(sock, work / "load-data", python=python), sock):
+            driver = probe_figures(sock, args.calls, go_client)
+        sock = work / "grpcio.sock"
+        with serving(spawn([python, str(FLOOR_SERVER), str(sock), WORKERS]), sock):
+            floors = {"floor_grpcio": probe_figures(sock, args.calls, go_client)}
+        if go_client:
+            sock = work / "grpcgo.sock"
+            with serving(spawn([go_client, "-serve", str(sock)]), sock):
+                floors["floor_grpc_go"] = probe_figures(sock, args.calls, go_client)
     write_result(
         "startup",
         {
@@ -142,10 +188,8 @@ def main() -> None:
                 "median": round(statistics.median(rss) / 1024, 1),
                 "max": round(max(rss) / 1024, 1),
             },
-            "probe_concurrency_1": c1,
-            "probe_concurrency_16": c16,
-            "probe_go_client_concurrency_1": go_c1,
-            "probe_go_client_concurrency_16": go_c16,
+            "probe": driver,
+            **floors,
             "targets": {"startup_median_ms": 300, "idle_rss_mib": 50, "probe_p50_ms_c1": 0.5},
         },
     )

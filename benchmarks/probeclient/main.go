@@ -1,6 +1,9 @@
 // probeclient measures CSI Probe latency the way the Kubernetes sidecars see it: from a Go gRPC client.
 // Usage: probeclient -endpoint unix:///path/csi.sock -calls 5000 -concurrency 1
 // Prints one JSON object: per-call latency percentiles (ms) and calls per second.
+//
+// probeclient -serve /path/floor.sock instead serves an Identity service whose Probe does nothing, from
+// grpc-go: the transport's floor on this machine, which the driver's figures are read against.
 package main
 
 import (
@@ -8,6 +11,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"net"
 	"os"
 	"sort"
 	"sync"
@@ -23,11 +27,39 @@ func percentile(sorted []time.Duration, q float64) float64 {
 	return float64(sorted[i].Microseconds()) / 1000
 }
 
+type emptyIdentity struct {
+	csi.UnimplementedIdentityServer
+}
+
+func (emptyIdentity) Probe(context.Context, *csi.ProbeRequest) (*csi.ProbeResponse, error) {
+	return &csi.ProbeResponse{}, nil
+}
+
+func serve(path string) {
+	_ = os.Remove(path)
+	listener, err := net.Listen("unix", path)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	server := grpc.NewServer()
+	csi.RegisterIdentityServer(server, emptyIdentity{})
+	if err := server.Serve(listener); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+}
+
 func main() {
 	endpoint := flag.String("endpoint", "", "unix:///path/to/csi.sock")
 	calls := flag.Int("calls", 5000, "total Probe calls")
 	concurrency := flag.Int("concurrency", 1, "parallel callers, one connection each")
+	servePath := flag.String("serve", "", "serve an empty Identity service on this socket path and exit on SIGTERM")
 	flag.Parse()
+	if *servePath != "" {
+		serve(*servePath)
+		return
+	}
 	if *endpoint == "" {
 		fmt.Fprintln(os.Stderr, "-endpoint is required")
 		os.Exit(2)
