@@ -610,7 +610,7 @@ class AwsBackend(Backend):
         updated = self._poll(f"modification of {vid}", settled)
         disk = self._disk(updated)
         if "Size" in args and disk.size_bytes < args["Size"] * GiB:
-            disk = Disk(**{**disk.__dict__, "size_bytes": args["Size"] * GiB})
+            disk = disk._replace(size_bytes=args["Size"] * GiB)
         return disk
 
     # ------------------------------------------------------------------ attachment

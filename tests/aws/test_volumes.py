@@ -310,6 +310,18 @@ def test_expand_rounds_up_and_is_idempotent(backend: AwsBackend, ec2: Any) -> No
     assert len(modifications) == 1
 
 
+def test_expand_answers_the_new_size_while_ec2_still_describes_the_old(backend: AwsBackend, ec2: Any) -> None:
+    """EC2 can report a modification complete before DescribeVolumes shows the new size."""
+    disk = backend.create_volume("pvc-lag", opts(backend, 2))
+    client = backend.ec2.client
+    stale = client.describe_volumes(VolumeIds=[disk.id])
+    client.meta.events.register(
+        "after-call.ec2.ModifyVolume", lambda **_: inject_responses(client, "DescribeVolumes", [stale])
+    )
+    assert backend.expand_volume(disk.id, 5 * GiB) == 5 * GiB
+    assert ec2_volume(ec2, disk.id)["Size"] == 5
+
+
 def test_expand_missing_volume_is_not_found(backend: AwsBackend) -> None:
     with pytest.raises(NotFoundError):
         backend.expand_volume("vol-00000000000000000", 5 * GiB)
