@@ -11,6 +11,7 @@ import gc
 import logging
 import os
 import signal
+import socket
 import stat
 import sys
 import threading
@@ -42,7 +43,8 @@ def socket_path(endpoint: str) -> str | None:
 
 
 def _prepare_socket(path: str) -> None:
-    """Remove a stale socket left by a previous run; refuse to delete anything that is not a socket."""
+    """Remove a stale socket left by a previous run. Refuse to replace anything else: a file that is not
+    a socket, or a socket some process still accepts connections on (the two would split the calls)."""
     os.makedirs(os.path.dirname(path) or "/", exist_ok=True)
     try:
         mode = os.lstat(path).st_mode
@@ -50,7 +52,25 @@ def _prepare_socket(path: str) -> None:
         return
     if not stat.S_ISSOCK(mode):
         raise SystemExit(f"ballast-csi: --endpoint {path} exists and is not a socket; refusing to replace it")
+    if _accepting(path):
+        raise SystemExit(
+            f"ballast-csi: another process is serving on --endpoint {path}; stop it first or choose "
+            "another endpoint"
+        )
     os.unlink(path)
+
+
+def _accepting(path: str) -> bool:
+    """True when a process listens on the unix socket `path` (a connection is accepted or queued)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(path)
+        except (ConnectionRefusedError, FileNotFoundError):
+            return False
+        except TimeoutError:
+            return True  # listening, with a full backlog
+        return True
 
 
 class Driver:
@@ -58,6 +78,9 @@ class Driver:
 
     def __init__(self, config: Config, backend: Backend | None = None) -> None:
         self.config = config
+        self._socket = socket_path(config.server.endpoint)
+        if self._socket:
+            _prepare_socket(self._socket)  # before the backend: a refused start must not touch its state
         self.backend = backend or build_backend(config)
         self.caps = Capabilities(
             backend=self.backend.capabilities,
@@ -77,7 +100,6 @@ class Driver:
             options=[("grpc.so_reuseport", 0)],
         )
         self._register()
-        self._socket = socket_path(config.server.endpoint)
         self._stopped = threading.Event()
 
     def _register(self) -> None:
@@ -106,7 +128,6 @@ class Driver:
     def start(self) -> None:
         """Bind the endpoint (socket mode 0660 regardless of umask) and start serving."""
         if self._socket:
-            _prepare_socket(self._socket)
             old = os.umask(0o117)
             try:
                 self.server.add_insecure_port(f"unix://{self._socket}")

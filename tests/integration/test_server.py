@@ -88,6 +88,21 @@ def test_stale_socket_is_replaced(tmp_path: Path) -> None:
         assert proc.wait(timeout=30) == 0
 
 
+def test_refuses_a_socket_another_driver_serves(driver_proc: subprocess.Popen[bytes], tmp_path: Path) -> None:
+    second_data = tmp_path / "second"
+    done = subprocess.run(
+        [str(BIN), "--endpoint", f"unix://{tmp_path}/t.sock", "--data-dir", str(second_data)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode != 0
+    assert "another process is serving" in done.stderr
+    assert not second_data.exists()  # refused before the backend touched anything
+    with client(str(tmp_path / "t.sock")) as c:
+        assert c.identity.Probe(csi_pb2.ProbeRequest()).ready.value
+
+
 def test_refuses_to_replace_a_regular_file(tmp_path: Path) -> None:
     (tmp_path / "t.sock").write_text("precious")
     done = subprocess.run(
