@@ -9,11 +9,16 @@ orphan). It never changes anything in the data dir.
 WAL) is renamed aside, never deleted; whatever rows can still be read from it (names, creation
 arguments, mutable parameters, snapshot sources, groups, attachments) are kept for files that exist.
 A file nobody can name gets the name `recovered-<id>`. Records whose file is gone are dropped. No
-volume or snapshot file is ever removed or modified. Run it only while no driver uses the data dir.
+volume or snapshot file is ever removed or modified.
+
+`lock_data_dir(data_dir, holder)` is the data dir's owner lock. The process that reconciles files against
+the database (a driver serving the controller) and `recover-state` each take it, so neither can run
+beside the other or beside a second reconciler, which could remove a file the first is still creating.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import sqlite3
@@ -28,12 +33,35 @@ from csi.backends.base import FailedPreconditionError
 from csi.backends.local_state import GroupRow, NameTaken, SnapshotRow, Store
 
 STATE_DB = "state.db"
+LOCK_FILE = "owner.lock"
 SIDE_FILES = ("-wal", "-shm")
 TABLES = ("volumes", "snapshots", "groups", "attachments")
 
 
 class StateUnusable(FailedPreconditionError):
     """The state database cannot be trusted; the message names the recovery command."""
+
+
+def lock_data_dir(data_dir: str, holder: str) -> int:
+    """Take the owner lock of `data_dir` for `holder` (a word for the message); returns the fd whose
+    closing releases it (so does the process's death). Raises FailedPreconditionError, naming the
+    holder and its pid, when another process has the lock."""
+    fd = os.open(os.path.join(data_dir, LOCK_FILE), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        owner = os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown process"
+        os.close(fd)
+        raise FailedPreconditionError(
+            f"data dir {data_dir} is in use by {owner}; stop it first, or give this process its own "
+            "--data-dir"
+        ) from None
+    except BaseException:
+        os.close(fd)
+        raise
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"ballast-csi {holder} (pid {os.getpid()})\n".encode(), 0)
+    return fd
 
 
 def _images(directory: str) -> list[str]:
@@ -170,12 +198,21 @@ class Report:
 
 
 def recover_state(data_dir: str, now: Callable[[], float] = time.time) -> Report:
-    """Rebuild `<data_dir>/state.db` from the files in volumes/ and snapshots/ (see the module doc)."""
-    from csi.backends.local import SNAPSHOT_ID, VOLUME_ID  # local imports this module
-
+    """Rebuild `<data_dir>/state.db` from the files in volumes/ and snapshots/ (see the module doc).
+    Refuses (FailedPreconditionError) while a driver holds the data dir."""
     volumes_dir, snapshots_dir = os.path.join(data_dir, "volumes"), os.path.join(data_dir, "snapshots")
     if not os.path.isdir(volumes_dir):
         raise FailedPreconditionError(f"{volumes_dir} does not exist; is {data_dir} a Ballast data dir?")
+    owner = lock_data_dir(data_dir, "recover-state")
+    try:
+        return _rebuild(data_dir, volumes_dir, snapshots_dir, now)
+    finally:
+        os.close(owner)
+
+
+def _rebuild(data_dir: str, volumes_dir: str, snapshots_dir: str, now: Callable[[], float]) -> Report:
+    from csi.backends.local import SNAPSHOT_ID, VOLUME_ID  # local imports this module
+
     db = os.path.join(data_dir, STATE_DB)
     old = salvage(db)
     report = Report(problems=list(old.problems))

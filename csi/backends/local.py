@@ -49,7 +49,7 @@ from csi.backends.base import (
     SourceKind,
 )
 from csi.backends.local_state import AttachmentRow, GroupRow, NameTaken, SnapshotRow, Store, VolumeRow
-from csi.recovery import check_state
+from csi.recovery import check_state, lock_data_dir
 
 if TYPE_CHECKING:
     from csi.config import Config
@@ -155,10 +155,16 @@ class LocalBackend(Backend):
         self._loop = loop
         self._locks: dict[str, _VolumeLock] = {}
         self._locks_guard = threading.Lock()
-        check_state(data_dir)  # unreadable, or lost while files exist: refuse rather than reconcile
-        self.store = Store(os.path.join(data_dir, "state.db"))
-        if reconcile:
-            self.reconcile()
+        # Only one process may reconcile: a second could remove a file the first is creating.
+        self._owner = lock_data_dir(data_dir, "controller") if reconcile else None
+        try:
+            check_state(data_dir)  # unreadable, or lost while files exist: refuse rather than reconcile
+            self.store = Store(os.path.join(data_dir, "state.db"))
+            if reconcile:
+                self.reconcile()
+        except BaseException:
+            self._release_owner()
+            raise
 
     @classmethod
     def from_config(cls, config: Config) -> LocalBackend:
@@ -244,6 +250,12 @@ class LocalBackend(Backend):
 
     def close(self) -> None:
         self.store.close()
+        self._release_owner()
+
+    def _release_owner(self) -> None:
+        if self._owner is not None:
+            os.close(self._owner)
+            self._owner = None
 
     def validate_parameters(self, parameters: Mapping[str, str]) -> dict[str, str]:
         """The local backend takes no StorageClass parameters of its own."""

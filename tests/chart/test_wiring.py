@@ -149,6 +149,19 @@ def test_controller_replicas_follow_the_backend(set_id: str, replicas: int) -> N
     assert only(render(set_id), "Deployment")["spec"]["replicas"] == replicas
 
 
+@pytest.mark.parametrize(
+    ("set_id", "max_surge"),
+    [
+        pytest.param("defaults", 0, id="local-never-overlaps-the-data-dir-owner"),
+        pytest.param("aws", None, id="aws-default-surge"),
+    ],
+)
+def test_controller_rollout_overlap_follows_the_backend(set_id: str, max_surge: int | None) -> None:
+    rolling = only(render(set_id), "Deployment")["spec"]["strategy"]["rollingUpdate"]
+    assert rolling.get("maxSurge") == max_surge
+    assert rolling["maxUnavailable"] == 1
+
+
 def test_metrics_off_by_default_means_no_endpoints() -> None:
     objects = render("defaults")
     assert of_kind(objects, "Service") == []

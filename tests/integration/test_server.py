@@ -103,6 +103,22 @@ def test_refuses_a_socket_another_driver_serves(driver_proc: subprocess.Popen[by
         assert c.identity.Probe(csi_pb2.ProbeRequest()).ready.value
 
 
+def test_a_second_controller_on_the_same_data_dir_exits(
+    driver_proc: subprocess.Popen[bytes], tmp_path: Path
+) -> None:
+    done = subprocess.run(
+        [str(BIN), "--endpoint", f"unix://{tmp_path}/other.sock", "--data-dir", str(tmp_path / "d")],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 1
+    assert f"data dir {tmp_path / 'd'} is in use by ballast-csi controller" in done.stderr
+    assert not (tmp_path / "other.sock").exists()
+    with client(str(tmp_path / "t.sock")) as c:
+        assert c.identity.Probe(csi_pb2.ProbeRequest()).ready.value
+
+
 def test_refuses_to_replace_a_regular_file(tmp_path: Path) -> None:
     (tmp_path / "t.sock").write_text("precious")
     done = subprocess.run(

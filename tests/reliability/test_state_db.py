@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from csi._proto import csi_pb2
-from csi.backends.base import DiskOptions
+from csi.backends.base import DiskOptions, FailedPreconditionError
 from csi.backends.local import LocalBackend
 from csi.recovery import StateUnusable, check_state, recover_state
 from tests.conformance.driver import DRIVER, running_driver
@@ -190,6 +190,19 @@ def test_recover_state_on_a_healthy_database_loses_nothing(tmp_path: Path) -> No
             s.volumes["pvc-1"],
             s.volumes["pvc-2"],
         }
+    finally:
+        b.close()
+
+
+def test_recover_state_refuses_while_a_driver_holds_the_data_dir(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    seed(data)
+    b = LocalBackend(str(data), node_id=NODE)
+    before = sorted(os.listdir(data))
+    try:
+        with pytest.raises(FailedPreconditionError, match="in use by ballast-csi controller"):
+            recover_state(str(data))
+        assert sorted(os.listdir(data)) == before  # nothing moved aside
     finally:
         b.close()
 

@@ -357,6 +357,16 @@ def test_node_process_does_not_reconcile(data: Path) -> None:
     assert orphan.exists()
 
 
+def test_only_one_process_reconciles_a_data_dir(be: LocalBackend, data: Path) -> None:
+    with pytest.raises(
+        base.FailedPreconditionError, match=rf"in use by ballast-csi controller \(pid {os.getpid()}\)"
+    ):
+        open_backend(data)
+    open_backend(data, reconcile=False).close()  # a node-only process shares the dir
+    be.close()
+    open_backend(data).close()  # closing released it
+
+
 def test_resolve_device_attaches_refreshes_and_verifies(data: Path) -> None:
     loop = FakeLoop()
     be = open_backend(data, loop=loop)
