@@ -41,6 +41,16 @@ def _start(tmp_path: Path, *extra: str, umask: int = 0o022) -> subprocess.Popen[
     return proc
 
 
+def _run(sock: Path, data_dir: Path) -> subprocess.CompletedProcess[str]:
+    """One driver run that is expected to stop by itself (a refused start)."""
+    return subprocess.run(
+        [str(BIN), "--endpoint", f"unix://{sock}", "--data-dir", str(data_dir)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
 @pytest.fixture
 def driver_proc(tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
     proc = _start(tmp_path, umask=0)
@@ -90,12 +100,7 @@ def test_stale_socket_is_replaced(tmp_path: Path) -> None:
 
 def test_refuses_a_socket_another_driver_serves(driver_proc: subprocess.Popen[bytes], tmp_path: Path) -> None:
     second_data = tmp_path / "second"
-    done = subprocess.run(
-        [str(BIN), "--endpoint", f"unix://{tmp_path}/t.sock", "--data-dir", str(second_data)],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    done = _run(tmp_path / "t.sock", second_data)
     assert done.returncode != 0
     assert "another process is serving" in done.stderr
     assert not second_data.exists()  # refused before the backend touched anything
@@ -106,12 +111,7 @@ def test_refuses_a_socket_another_driver_serves(driver_proc: subprocess.Popen[by
 def test_a_second_controller_on_the_same_data_dir_exits(
     driver_proc: subprocess.Popen[bytes], tmp_path: Path
 ) -> None:
-    done = subprocess.run(
-        [str(BIN), "--endpoint", f"unix://{tmp_path}/other.sock", "--data-dir", str(tmp_path / "d")],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    done = _run(tmp_path / "other.sock", tmp_path / "d")
     assert done.returncode == 1
     assert f"data dir {tmp_path / 'd'} is in use by ballast-csi controller" in done.stderr
     assert not (tmp_path / "other.sock").exists()
@@ -121,12 +121,7 @@ def test_a_second_controller_on_the_same_data_dir_exits(
 
 def test_refuses_to_replace_a_regular_file(tmp_path: Path) -> None:
     (tmp_path / "t.sock").write_text("precious")
-    done = subprocess.run(
-        [str(BIN), "--endpoint", f"unix://{tmp_path}/t.sock", "--data-dir", str(tmp_path / "d")],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    done = _run(tmp_path / "t.sock", tmp_path / "d")
     assert done.returncode != 0
     assert "not a socket" in done.stderr
     assert (tmp_path / "t.sock").read_text() == "precious"
