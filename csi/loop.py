@@ -140,7 +140,7 @@ def attach(backing_file: str) -> str:
         try:
             return _attach_ioctl(backing_file)
         except _Fallback:
-            return _attach_losetup(backing_file)
+            return _losetup("--find", "--show", "--partscan", backing_file, doing=f"attach {backing_file}")
 
 
 def _attach_ioctl(backing_file: str) -> str:
@@ -233,23 +233,15 @@ def _open_device(device: str) -> int:
     raise TransientError(f"{device} did not appear in /dev; is /dev a devtmpfs?")
 
 
-def _losetup() -> str:
+def _losetup(*args: str, doing: str) -> str:
+    """The fallback when the ioctls are unavailable: run losetup and return its output; a failure ->
+    TransientError saying it could not do `doing`."""
     path = shutil.which("losetup")
     if path is None:
         raise TransientError("loop ioctls unavailable and losetup not installed (apt-get install util-linux)")
-    return path
-
-
-def _attach_losetup(backing_file: str) -> str:
-    """Fallback: `losetup --find --show --partscan FILE`."""
-    result = subprocess.run(
-        [_losetup(), "--find", "--show", "--partscan", backing_file],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    result = subprocess.run([path, *args], capture_output=True, text=True, check=False)
     if result.returncode != 0:
-        raise TransientError(f"losetup could not attach {backing_file}: {result.stderr.strip()}")
+        raise TransientError(f"losetup could not {doing}: {result.stderr.strip()}")
     return result.stdout.strip()
 
 
@@ -275,9 +267,7 @@ def _detach_device(device: str) -> None:
         if exc.errno == errno.ENXIO:  # already unbound
             return
         if exc.errno in (errno.EINVAL, errno.ENOTTY):
-            result = subprocess.run([_losetup(), "-d", device], capture_output=True, text=True, check=False)
-            if result.returncode != 0:
-                raise TransientError(f"losetup could not detach {device}: {result.stderr.strip()}") from exc
+            _losetup("-d", device, doing=f"detach {device}")
             return
         raise TransientError(f"could not detach {device}: {exc.strerror}") from exc
     finally:
@@ -313,9 +303,7 @@ def refresh_capacity(device: str) -> None:
         fcntl.ioctl(fd, LOOP_SET_CAPACITY, 0)
     except OSError as exc:
         if exc.errno in (errno.EINVAL, errno.ENOTTY):
-            result = subprocess.run([_losetup(), "-c", device], capture_output=True, text=True, check=False)
-            if result.returncode != 0:
-                raise TransientError(f"losetup -c {device} failed: {result.stderr.strip()}") from exc
+            _losetup("-c", device, doing=f"refresh the capacity of {device}")
             return
         raise TransientError(f"could not refresh the capacity of {device}: {exc.strerror}") from exc
     finally:

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 
 import grpc
 
-from csi import keys, mount
+from csi import keys, loop, mount
 from csi._proto import csi_pb2, csi_pb2_grpc
 from csi.backends.base import Backend, DiskOptions, NotFoundError
 from csi.paths import check_path, under_roots
@@ -323,7 +323,7 @@ class LegacyPath:
         os.makedirs(staging_path, mode=0o750, exist_ok=True)
         self._mounter.mount(device, staging_path, fs_type, [])
         current = mount.fs_size(device, fs_type)
-        if current is not None and mount.device_size(device) > current:
+        if current is not None and loop.device_size(device) > current:
             self._mounter.grow(device, staging_path, fs_type)
 
     def unmount_device(self, volume: Volume, staging_path: str) -> None:

@@ -383,15 +383,6 @@ def fs_size(device: str, fs_type: str) -> int | None:
         os.close(fd)
 
 
-def device_size(path: str) -> int:
-    """Size in bytes of a block device (or file)."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        return os.lseek(fd, 0, os.SEEK_END)
-    finally:
-        os.close(fd)
-
-
 BLKROSET, BLKROGET = 0x125D, 0x125E
 
 

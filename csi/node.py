@@ -27,6 +27,7 @@ from csi.capabilities import NRPC, Capabilities
 from csi.config import Config
 from csi.errors import AlreadyExists, FailedPrecondition, Internal, InvalidArgument, NotFound, OutOfRange
 from csi.inflight import InFlight
+from csi.loop import device_size
 from csi.mount import (
     EXT_TYPES,
     FS_TYPES,
@@ -38,7 +39,6 @@ from csi.mount import (
     check_fs_type,
     check_mount_flags,
     device_readonly,
-    device_size,
     fs_size,
     mkfs_argv,
     set_device_readonly,

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -71,3 +74,27 @@ def test_autoclear_and_direct_io_are_off(backing: str) -> None:
     assert info is not None
     assert not info.lo_flags & loop.LO_FLAGS_AUTOCLEAR
     assert not info.lo_flags & loop.LO_FLAGS_DIRECT_IO
+
+
+# What a kernel without the loop ioctls answers (the module then falls back to losetup).
+_MISSING_IOCTLS = {loop.LOOP_CONFIGURE, loop.LOOP_SET_FD, loop.LOOP_CLR_FD, loop.LOOP_SET_CAPACITY}
+
+
+def test_losetup_does_the_work_when_the_ioctls_are_missing(
+    backing: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = fcntl.ioctl
+
+    def old_kernel(fd: int, request: int, *args: Any) -> Any:
+        if request in _MISSING_IOCTLS:
+            raise OSError(errno.ENOTTY, os.strerror(errno.ENOTTY))
+        return real(fd, request, *args)
+
+    monkeypatch.setattr(loop.fcntl, "ioctl", old_kernel)
+    device = loop.attach(backing)
+    assert loop.is_backed_by(device, backing)
+    os.truncate(backing, 48 * MiB)
+    loop.refresh_capacity(device)
+    assert loop.device_size(device) == 48 * MiB
+    loop.detach_file(backing)
+    assert loop._devices_for(os.stat(backing)) == []
