@@ -49,12 +49,7 @@ def labels(pv: JSON) -> dict[str, str]:
 
 def set_label(pv: JSON, key: str, value: str) -> None:
     """Set metadata.labels[key], creating metadata/labels when needed."""
-    meta = fields.ensure_child(pv, "metadata")
-    found = fields.string_map(meta, "labels")
-    if found is None:
-        found = {}
-        meta["labels"] = found
-    found[key] = value
+    fields.set_metadata(pv, "labels", key, value)
 
 
 def topology_key_exists(key: str, affinity: JSON | None) -> bool:

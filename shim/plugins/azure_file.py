@@ -119,12 +119,7 @@ class AzureFile(base.InTreePlugin):
         )
         base.spec_of(pv)[self.source_key] = azure
         if resource_group:
-            meta = fields.ensure_child(pv, "metadata")
-            annotations = fields.string_map(meta, "annotations")
-            if annotations is None:
-                annotations = {}
-                meta["annotations"] = annotations
-            annotations[RESOURCE_GROUP_ANNOTATION] = resource_group
+            fields.set_metadata(pv, "annotations", RESOURCE_GROUP_ANNOTATION, resource_group)
         return pv
 
     def translate_inline_to_csi(self, volume: JSON, pod_namespace: str) -> JSON:

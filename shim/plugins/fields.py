@@ -98,6 +98,16 @@ def string_map(parent: JSON | None, key: str) -> dict[str, str] | None:
     return value
 
 
+def set_metadata(obj: JSON, field: str, key: str, value: str) -> None:
+    """Set metadata.<field>[key] (labels, annotations), creating metadata and the map when missing."""
+    meta = ensure_child(obj, "metadata")
+    found = string_map(meta, field)
+    if found is None:
+        found = {}
+        meta[field] = found
+    found[key] = value
+
+
 def obj_list(parent: JSON | None, key: str) -> list[JSON] | None:
     """The list of objects under `key`, or None when missing or null."""
     value = None if parent is None else parent.get(key)
