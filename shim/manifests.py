@@ -455,26 +455,23 @@ def _check_pv(obj: Mapping[str, Any], location: Location) -> None:
         csi = _require_mapping(spec["csi"], location, obj, "spec.csi")
         _check_string_field(csi, "driver", location, obj, "spec.csi")
         _check_string_field(csi, "volumeHandle", location, obj, "spec.csi")
-        attributes = csi.get("volumeAttributes")
-        if attributes is not None:
-            attributes = _require_mapping(attributes, location, obj, "spec.csi.volumeAttributes")
-            for k, v in attributes.items():
-                if not isinstance(v, str):
-                    raise location.error(
-                        obj, f"spec.csi.volumeAttributes.{k}", f"must be a string, got {_type_name(v)} {v!r}"
-                    )
+        if csi.get("volumeAttributes") is not None:
+            _check_string_map(csi["volumeAttributes"], location, obj, "spec.csi.volumeAttributes")
+
+
+def _check_string_map(
+    value: Any, location: Location, obj: Mapping[str, Any], path: str, hint: str = ""
+) -> None:
+    """`value` (found at `path` in `obj`) is a map whose values are all strings."""
+    for k, v in _require_mapping(value, location, obj, path).items():
+        if not isinstance(v, str):
+            raise location.error(obj, f"{path}.{k}", f"must be a string{hint}, got {_type_name(v)} {v!r}")
 
 
 def _check_storage_class(obj: Mapping[str, Any], location: Location) -> None:
     _check_string_field(obj, "provisioner", location, obj, "")
-    parameters = obj.get("parameters")
-    if parameters is not None:
-        parameters = _require_mapping(parameters, location, obj, "parameters")
-        for k, v in parameters.items():
-            if not isinstance(v, str):
-                raise location.error(
-                    obj, f"parameters.{k}", f"must be a string (quote it), got {_type_name(v)} {v!r}"
-                )
+    if obj.get("parameters") is not None:
+        _check_string_map(obj["parameters"], location, obj, "parameters", hint=" (quote it)")
     terms = obj.get("allowedTopologies")
     if terms is not None and not isinstance(terms, list):
         raise location.error(obj, "allowedTopologies", f"must be a list, got {_type_name(terms)}")
