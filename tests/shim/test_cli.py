@@ -464,6 +464,12 @@ BAD_INPUT = [
         id="sc-parameter-not-string",
     ),
     pytest.param(
+        "apiVersion: v1\nkind: PersistentVolume\nmetadata: {name: p}\n"
+        "spec: {csi: {driver: ebs.csi.aws.com, volumeHandle: vol-1, volumeAttributes: {partition: 1}}}\n",
+        ["(PersistentVolume p): spec.csi.volumeAttributes.partition: must be a string, got integer 1"],
+        id="pv-csi-attribute-not-string",
+    ),
+    pytest.param(
         "apiVersion: v1\nkind: List\nitems:\n"
         "- apiVersion: v1\n  kind: PersistentVolume\n  metadata: {name: a}\n  spec: {cinder: {}}\n",
         ["document 1, items[0] (PersistentVolume a): spec.cinder.volumeID: required field is missing"],
