@@ -13,6 +13,7 @@ import pytest
 from tests.e2e.flows.conftest import AWS_ZONE, Bed
 from tests.e2e.flows.helpers import (
     GiB,
+    assert_pinned_to,
     backend_volume,
     claim,
     create_claim,
@@ -64,8 +65,10 @@ def test_legacy_class_provisions_an_in_tree_pv_through_the_driver(
     assert pvc["metadata"]["annotations"]["volume.kubernetes.io/storage-provisioner"] == "ebs.csi.aws.com"
     ebs = pv["spec"]["awsElasticBlockStore"]
     assert "csi" not in pv["spec"]
-    assert ebs["volumeID"].startswith(f"aws://{AWS_ZONE}/vol-"), ebs
+    # The in-tree source names the EBS volume the driver created, under the zone's well-known key.
+    assert ebs["volumeID"].startswith("vol-"), ebs
     assert ebs.get("fsType") == "ext4"
+    assert_pinned_to(pv, {"topology.kubernetes.io/zone": AWS_ZONE})
 
     volume = backend_volume(bed, volume_handle(pv))
     assert volume is not None and volume.capacity_bytes == int(size[:-2]) * GiB
