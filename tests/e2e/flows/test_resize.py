@@ -100,3 +100,36 @@ def test_infeasible_attributes_class_leaves_the_volume_untouched(bed: Bed, names
     assert refused["status"]["currentVolumeAttributesClassName"] == fast
     assert backend_volume(bed, volume_handle(pv)) == before
     assert bed.kube.get(pvs(pv["metadata"]["name"]))["spec"].get("volumeAttributesClassName") == fast
+
+
+def test_expansion_the_backend_can_never_reach_is_recovered_with_a_lower_request(
+    bed: Bed, namespace: str
+) -> None:
+    """RecoverVolumeExpansionFailure: the driver answers OUT_OF_RANGE for a size it can never reach
+    (csi-resizer marks it infeasible); the user lowers the request and the expansion goes through."""
+    name = unique("recover")
+    create_claim(bed, namespace, claim(name, "immediate", "1Gi"))
+    _, pv = wait_bound(bed, namespace, name)
+
+    bed.kube.patch(pvcs(namespace, name), {"spec": {"resources": {"requests": {"storage": "100Ti"}}}})
+    failed = bed.kube.wait(
+        pvcs(namespace, name),
+        lambda c: (
+            c["status"].get("allocatedResourceStatuses", {}).get("storage") == "ControllerResizeInfeasible"
+        ),
+        RESIZE_TIMEOUT,
+        "the expansion to 100Ti to be marked infeasible",
+    )
+    assert failed["status"]["capacity"]["storage"] == "1Gi"
+    volume = backend_volume(bed, volume_handle(pv))
+    assert volume is not None and volume.capacity_bytes == GiB
+
+    bed.kube.patch(pvcs(namespace, name), {"spec": {"resources": {"requests": {"storage": "2Gi"}}}})
+    bed.kube.wait(
+        pvs(pv["metadata"]["name"]),
+        lambda p: p["spec"]["capacity"]["storage"] == "2Gi",
+        RESIZE_TIMEOUT,
+        "the PV to be expanded to the lowered 2Gi",
+    )
+    volume = backend_volume(bed, volume_handle(pv))
+    assert volume is not None and volume.capacity_bytes == 2 * GiB
