@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.flows.conftest import Bed
+from tests.e2e.flows.conftest import AWS_ZONE, Bed
 from tests.e2e.flows.helpers import backend_volume, claim, create_claim, unique, volume_handle, wait_bound
 from tests.e2e.kube import Obj, pods, volume_attachments
-from tests.e2e.kubelet import has_taint, startup_taint_key
+from tests.e2e.kubelet import has_taint, refresh_allocatable, startup_taint_key
 
 pytestmark = pytest.mark.slow
 ATTACH_TIMEOUT = 90
@@ -75,3 +75,54 @@ def test_pod_on_a_node_attaches_and_detaches_its_volume(bed: Bed, namespace: str
     )
     volume = backend_volume(bed, handle)
     assert volume is not None and volume.published_nodes == []
+
+
+@pytest.mark.parametrize("bed", ["aws"], indirect=True)
+def test_full_node_answers_resource_exhausted_until_a_slot_frees(bed: Bed, namespace: str) -> None:
+    """The node's slots (its instance type's, minus volumes attached outside the driver) are full:
+    csi-attacher gets RESOURCE_EXHAUSTED and reports it on the VolumeAttachment; once a slot frees it
+    retries and the volume attaches."""
+    # kubelet's allocatable refresh (every nodeAllocatableUpdatePeriodSeconds) keeps CSINode current.
+    slots = refresh_allocatable(bed.kube, bed.deployment, bed.node.name)
+    instance = bed.node.node_id
+    foreign: list[tuple[str, str]] = []  # (volume, device) attached outside the driver
+    for i in range(slots):
+        vid = bed.ec2.create_volume(AvailabilityZone=AWS_ZONE, Size=1)["VolumeId"]
+        device = f"/dev/sd{chr(ord('f') + i % 11)}{i}"
+        bed.ec2.attach_volume(VolumeId=vid, InstanceId=instance, Device=device)
+        foreign.append((vid, device))
+    try:
+        name = unique("full")
+        create_claim(bed, namespace, claim(name, "immediate"))
+        _, pv = wait_bound(bed, namespace, name)
+        pv_name = pv["metadata"]["name"]
+        bed.kube.create(pods(namespace), pod_using(name, name, bed.node.name))
+        bed.kube.wait(
+            volume_attachments(),
+            lambda _: (
+                "no free attach slot"
+                in str(((attachment_of(bed, pv_name) or {}).get("status") or {}).get("attachError", {}))
+            ),
+            ATTACH_TIMEOUT,
+            "csi-attacher to report the full node on the VolumeAttachment",
+        )
+        attachment = attachment_of(bed, pv_name)
+        assert attachment is not None and not attachment["status"].get("attached")
+
+        vid, device = foreign.pop()
+        bed.ec2.detach_volume(VolumeId=vid, InstanceId=instance, Device=device)
+        bed.kube.wait(
+            volume_attachments(),
+            lambda _: bool(((attachment_of(bed, pv_name) or {}).get("status") or {}).get("attached")),
+            ATTACH_TIMEOUT,
+            "the attachment to succeed once a slot is free",
+        )
+        volume = backend_volume(bed, volume_handle(pv))
+        assert volume is not None and volume.published_nodes == [instance]
+        bed.kube.request("DELETE", pods(namespace, name), {"gracePeriodSeconds": 0})
+        bed.kube.wait(
+            volume_attachments(), lambda _: attachment_of(bed, pv_name) is None, ATTACH_TIMEOUT, "detach"
+        )
+    finally:
+        for vid, device in foreign:
+            bed.ec2.detach_volume(VolumeId=vid, InstanceId=instance, Device=device)
