@@ -6,7 +6,8 @@ registered the way kubelet registers it.
 
 - `pvc_to_bound`: 50 claims of an Immediate class created back to back; for each, the time from its
   create call to the first poll (every 20 ms) that sees it Bound: external-provisioner's CreateVolume,
-  the PV it writes, and the PV binder binding the pair.
+  the PV it writes, and the PV binder binding the pair. `pvc_to_bound_one_at_a_time`: 10 claims, each
+  created once the previous one is Bound (the latency of one claim on an idle system).
 - `va_to_attached`: VolumeAttachments created one at a time (as the attach-detach controller creates
   them) for bound PVs; the time from the create call to `status.attached`: csi-attacher's
   ControllerPublishVolume and its status patch.
@@ -43,11 +44,22 @@ def _summary(samples: list[float]) -> dict[str, Any]:
     }
 
 
-def claims_to_bound(kube: Kube, namespace: str, count: int) -> tuple[list[float], list[str]]:
-    """Create `count` claims back to back; seconds from each create call to Bound, and the PV names."""
+def claims_to_bound(
+    kube: Kube, namespace: str, count: int, prefix: str, one_at_a_time: bool
+) -> tuple[list[float], list[str]]:
+    """Create `count` claims (back to back, or each once the previous is Bound); seconds from each
+    create call to Bound, and the PV names."""
+    if one_at_a_time:
+        samples: list[float] = []
+        names: list[str] = []
+        for i in range(count):
+            got, pv = claims_to_bound(kube, namespace, 1, f"{prefix}{i}-", one_at_a_time=False)
+            samples += got
+            names += pv
+        return samples, names
     created: dict[str, float] = {}
     for i in range(count):
-        name = f"bench-{i}"
+        name = f"{prefix}{i}"
         body = {
             "metadata": {"name": name},
             "spec": {
@@ -65,7 +77,7 @@ def claims_to_bound(kube: Kube, namespace: str, count: int) -> tuple[list[float]
         now = time.monotonic()
         for claim in kube.items(pvcs(namespace)):
             name = claim["metadata"]["name"]
-            if name not in bound and claim.get("status", {}).get("phase") == "Bound":
+            if name in created and name not in bound and claim.get("status", {}).get("phase") == "Bound":
                 bound[name] = now - created[name]
                 volumes.append(claim["spec"]["volumeName"])
         time.sleep(POLL)
@@ -110,11 +122,12 @@ def main() -> None:
             register_node(kube, deployment, NODE)
             boot = time.monotonic() - boot_start
             with fresh_namespace(kube) as namespace:
-                bound, volumes = claims_to_bound(kube, namespace, args.claims)
+                serial, serial_volumes = claims_to_bound(kube, namespace, 10, "one-", one_at_a_time=True)
+                bound, volumes = claims_to_bound(kube, namespace, args.claims, "burst-", one_at_a_time=False)
                 attached = attachments_to_attached(
                     kube, deployment.driver_name, NODE, volumes[: args.attachments]
                 )
-                for pv in volumes:  # leave nothing behind in the backend
+                for pv in volumes + serial_volumes:  # leave nothing behind in the backend
                     kube.delete(pvs(pv))
     figures = {
         "setup": {
@@ -123,6 +136,7 @@ def main() -> None:
             "cluster_and_chart_boot_s": round(boot, 1),
         },
         "pvc_to_bound": {**_summary(bound), "claims_created_back_to_back": args.claims},
+        "pvc_to_bound_one_at_a_time": _summary(serial),
         "va_to_attached": _summary(attached),
     }
     path = write_result("e2e", figures)
