@@ -29,8 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from csi.backends.base import FailedPreconditionError
 from csi.backends.local_state import GroupRow, NameTaken, SnapshotRow, Store
+from csi.failures import FailedPreconditionError
 
 STATE_DB = "state.db"
 LOCK_FILE = "owner.lock"

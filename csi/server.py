@@ -112,10 +112,10 @@ class Driver:
             from csi.group_controller import GroupControllerService
 
             csi_pb2_grpc.add_ControllerServicer_to_server(
-                ControllerService(backend, cfg, caps, self.inflight), self.server
+                ControllerService(backend, caps, self.inflight), self.server
             )
             csi_pb2_grpc.add_GroupControllerServicer_to_server(
-                GroupControllerService(backend, cfg, caps, self.inflight), self.server
+                GroupControllerService(backend, caps, self.inflight), self.server
             )
         if cfg.runs_node:
             from csi.node import NodeService

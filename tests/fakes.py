@@ -19,28 +19,30 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from csi import keys
+from csi import failures, keys
 from csi.backends import base
 from csi.backends.base import (
-    AlreadyExistsError,
     Attachment,
     BackendCapabilities,
     Condition,
     ContentSource,
     Disk,
     DiskOptions,
-    FailedPreconditionError,
     GroupSnapshot,
-    InvalidParameterError,
-    InvalidTokenError,
-    LimitExceededError,
     NodeIdentity,
-    NotFoundError,
-    OutOfCapacityError,
-    OutOfRangeError,
     Page,
     Snapshot,
     SourceKind,
+)
+from csi.failures import (
+    AlreadyExistsError,
+    FailedPreconditionError,
+    InvalidParameterError,
+    InvalidTokenError,
+    LimitExceededError,
+    NotFoundError,
+    OutOfCapacityError,
+    OutOfRangeError,
 )
 
 FAKE_ZONE_KEY = "topology.fake.csi.ballast.dev/zone"
@@ -85,7 +87,7 @@ class FakeBackend(base.Backend):
         self.nodes = {node_id}
         self.capacity = capacity
         self.backend_parameters = frozenset(backend_parameters)
-        self.fail: dict[str, base.BackendError] = {}
+        self.fail: dict[str, failures.DriverError] = {}
         self.calls: list[tuple[str, tuple[Any, ...]]] = []
         self.devices: dict[str, str] = {}
         self.released: list[str] = []

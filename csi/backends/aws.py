@@ -25,27 +25,29 @@ from csi.backends.aws_devices import DeviceFinder, DeviceNames
 from csi.backends.aws_errors import Backoff, Ec2, UnsupportedActionError
 from csi.backends.aws_metadata import ZONE_ENV, Imds, Placement, resolve_placement
 from csi.backends.base import (
-    AlreadyExistsError,
     Attachment,
     Backend,
     BackendCapabilities,
-    BackendError,
     Condition,
     ContentSource,
     Disk,
     DiskOptions,
-    FailedPreconditionError,
     GiB,
-    InvalidParameterError,
-    InvalidTokenError,
-    LimitExceededError,
     NodeIdentity,
-    NotFoundError,
-    OutOfCapacityError,
-    OutOfRangeError,
     Page,
     Snapshot,
     SourceKind,
+)
+from csi.failures import (
+    AlreadyExistsError,
+    DriverError,
+    FailedPreconditionError,
+    InvalidParameterError,
+    InvalidTokenError,
+    LimitExceededError,
+    NotFoundError,
+    OutOfCapacityError,
+    OutOfRangeError,
     TransientError,
 )
 
@@ -170,7 +172,7 @@ class AwsBackend(Backend):
         session = boto3.session.Session()
         region = config.backend.aws_region or session.region_name or ""
         if not region and imds is not None:
-            with contextlib.suppress(BackendError):
+            with contextlib.suppress(DriverError):
                 region = imds.get("placement/region")
         if not region:
             if config.runs_controller:
@@ -526,7 +528,7 @@ class AwsBackend(Backend):
                 **args,
             )
         finally:
-            with contextlib.suppress(BackendError):
+            with contextlib.suppress(DriverError):
                 self.ec2.call("delete_snapshot", SnapshotId=sid)
         return str(created["VolumeId"])
 
@@ -534,9 +536,9 @@ class AwsBackend(Backend):
         def check() -> dict[str, Any] | None:
             volume = self._describe_volume(vid)
             if volume["State"] == "error":
-                with contextlib.suppress(BackendError):
+                with contextlib.suppress(DriverError):
                     self.ec2.call("delete_volume", VolumeId=vid)
-                raise BackendError(f"EBS could not create volume {vid} (state error); it was deleted, retry")
+                raise DriverError(f"EBS could not create volume {vid} (state error); it was deleted, retry")
             return volume if volume["State"] in ("available", "in-use") else None
 
         return self._poll(f"volume {vid} to become available", check)
@@ -604,7 +606,7 @@ class AwsBackend(Backend):
             )
             state = mods[-1].get("ModificationState", "completed") if mods else "completed"
             if state == "failed":
-                raise BackendError(f"EBS failed to modify volume {vid}: {mods[-1].get('StatusMessage', '')}")
+                raise DriverError(f"EBS failed to modify volume {vid}: {mods[-1].get('StatusMessage', '')}")
             return self._describe_volume(vid) if state in ("optimizing", "completed") else None
 
         updated = self._poll(f"modification of {vid}", settled)

@@ -3,7 +3,7 @@
 Every EC2 request of the aws backend goes through `Ec2.call`: throttling and server-side failures are
 retried with capped exponential backoff and jitter; when the retries are spent they surface as
 TransientError (UNAVAILABLE, so the sidecar retries later). Any other error code is translated by
-`AWS_ERRORS` into the BackendError subclass the CSI error table expects.
+`AWS_ERRORS` into the csi.failures error the CSI error table expects.
 """
 
 from __future__ import annotations
@@ -25,73 +25,73 @@ from botocore.exceptions import (
 )
 from botocore.parsers import ResponseParserError
 
-from csi.backends import base
+from csi import failures
 
 log = logging.getLogger("ballast.aws")
 
 
-class UnsupportedActionError(base.BackendError):
+class UnsupportedActionError(failures.DriverError):
     """The endpoint does not implement this action (an older region, a partition, or an emulator)."""
 
 
-# EC2 error code -> backend error class. Codes not listed become a plain BackendError (INTERNAL).
-AWS_ERRORS: dict[str, type[base.BackendError]] = {
+# EC2 error code -> error class. Codes not listed become a plain DriverError (INTERNAL).
+AWS_ERRORS: dict[str, type[failures.DriverError]] = {
     # missing or malformed ids (a malformed id is "not found" by the Backend contract)
-    "InvalidVolume.NotFound": base.NotFoundError,
-    "InvalidVolumeID.Malformed": base.NotFoundError,
-    "InvalidSnapshot.NotFound": base.NotFoundError,
-    "InvalidSnapshotID.Malformed": base.NotFoundError,
-    "InvalidID": base.NotFoundError,
-    "InvalidInstanceID.NotFound": base.NotFoundError,
-    "InvalidInstanceID.Malformed": base.NotFoundError,
-    "InvalidAttachment.NotFound": base.NotFoundError,
+    "InvalidVolume.NotFound": failures.NotFoundError,
+    "InvalidVolumeID.Malformed": failures.NotFoundError,
+    "InvalidSnapshot.NotFound": failures.NotFoundError,
+    "InvalidSnapshotID.Malformed": failures.NotFoundError,
+    "InvalidID": failures.NotFoundError,
+    "InvalidInstanceID.NotFound": failures.NotFoundError,
+    "InvalidInstanceID.Malformed": failures.NotFoundError,
+    "InvalidAttachment.NotFound": failures.NotFoundError,
     # bad input
-    "InvalidParameterValue": base.InvalidParameterError,
-    "InvalidParameterCombination": base.InvalidParameterError,
-    "InvalidParameter": base.InvalidParameterError,
-    "InvalidParameterDependency": base.InvalidParameterError,
-    "MissingParameter": base.InvalidParameterError,
-    "UnknownParameter": base.InvalidParameterError,
-    "InvalidKMSKey.Id": base.InvalidParameterError,
-    "InvalidTagKey.Malformed": base.InvalidParameterError,
-    "InvalidNextToken": base.InvalidTokenError,
-    "InvalidPaginationToken": base.InvalidTokenError,
+    "InvalidParameterValue": failures.InvalidParameterError,
+    "InvalidParameterCombination": failures.InvalidParameterError,
+    "InvalidParameter": failures.InvalidParameterError,
+    "InvalidParameterDependency": failures.InvalidParameterError,
+    "MissingParameter": failures.InvalidParameterError,
+    "UnknownParameter": failures.InvalidParameterError,
+    "InvalidKMSKey.Id": failures.InvalidParameterError,
+    "InvalidTagKey.Malformed": failures.InvalidParameterError,
+    "InvalidNextToken": failures.InvalidTokenError,
+    "InvalidPaginationToken": failures.InvalidTokenError,
     # idempotency: the client token was used before with other arguments
-    "IdempotentParameterMismatch": base.AlreadyExistsError,
+    "IdempotentParameterMismatch": failures.AlreadyExistsError,
     # state
-    "VolumeInUse": base.FailedPreconditionError,
-    "IncorrectState": base.FailedPreconditionError,
-    "InvalidVolume.ZoneMismatch": base.FailedPreconditionError,
-    "InvalidSnapshot.InUse": base.FailedPreconditionError,
-    "IncorrectInstanceState": base.FailedPreconditionError,
-    "UnauthorizedOperation": base.FailedPreconditionError,
-    "AuthFailure": base.FailedPreconditionError,
-    "OptInRequired": base.FailedPreconditionError,
+    "VolumeInUse": failures.FailedPreconditionError,
+    "IncorrectState": failures.FailedPreconditionError,
+    "InvalidVolume.ZoneMismatch": failures.FailedPreconditionError,
+    "InvalidSnapshot.InUse": failures.FailedPreconditionError,
+    "IncorrectInstanceState": failures.FailedPreconditionError,
+    "UnauthorizedOperation": failures.FailedPreconditionError,
+    "AuthFailure": failures.FailedPreconditionError,
+    "OptInRequired": failures.FailedPreconditionError,
     # a modification is still running (EBS allows one per volume at a time): try again later
-    "IncorrectModificationState": base.TransientError,
+    "IncorrectModificationState": failures.TransientError,
     # quotas and placement
-    "VolumeLimitExceeded": base.LimitExceededError,
-    "AttachmentLimitExceeded": base.LimitExceededError,
-    "SnapshotLimitExceeded": base.LimitExceededError,
-    "MaxIOPSLimitExceeded": base.LimitExceededError,
-    "InsufficientVolumeCapacity": base.OutOfCapacityError,
-    "InvalidZone.NotFound": base.OutOfCapacityError,
+    "VolumeLimitExceeded": failures.LimitExceededError,
+    "AttachmentLimitExceeded": failures.LimitExceededError,
+    "SnapshotLimitExceeded": failures.LimitExceededError,
+    "MaxIOPSLimitExceeded": failures.LimitExceededError,
+    "InsufficientVolumeCapacity": failures.OutOfCapacityError,
+    "InvalidZone.NotFound": failures.OutOfCapacityError,
     # the endpoint lacks the action
     "InvalidAction": UnsupportedActionError,
     "UnsupportedOperation": UnsupportedActionError,
     "NotImplemented": UnsupportedActionError,
     # retried first, then TransientError
-    "RequestLimitExceeded": base.TransientError,
-    "Throttling": base.TransientError,
-    "ThrottlingException": base.TransientError,
-    "RequestThrottled": base.TransientError,
-    "ServiceUnavailable": base.TransientError,
-    "Unavailable": base.TransientError,
-    "InternalError": base.TransientError,
-    "InternalFailure": base.TransientError,
+    "RequestLimitExceeded": failures.TransientError,
+    "Throttling": failures.TransientError,
+    "ThrottlingException": failures.TransientError,
+    "RequestThrottled": failures.TransientError,
+    "ServiceUnavailable": failures.TransientError,
+    "Unavailable": failures.TransientError,
+    "InternalError": failures.TransientError,
+    "InternalFailure": failures.TransientError,
 }
 
-RETRIED_CODES = frozenset(code for code, klass in AWS_ERRORS.items() if klass is base.TransientError) - {
+RETRIED_CODES = frozenset(code for code, klass in AWS_ERRORS.items() if klass is failures.TransientError) - {
     "IncorrectModificationState"
 }
 
@@ -100,11 +100,11 @@ def error_code(exc: ClientError) -> str:
     return str(exc.response.get("Error", {}).get("Code", ""))
 
 
-def translate(exc: ClientError, operation: str) -> base.BackendError:
+def translate(exc: ClientError, operation: str) -> failures.DriverError:
     """The backend error for an EC2 ClientError; the message names the operation and EC2's reason."""
     code = error_code(exc)
     message = exc.response.get("Error", {}).get("Message", "") or code
-    klass = AWS_ERRORS.get(code, base.BackendError)
+    klass = AWS_ERRORS.get(code, failures.DriverError)
     return klass(f"EC2 {operation}: {code}: {message}")
 
 
@@ -148,17 +148,17 @@ class Ec2:
                 log.info("EC2 %s: %s, retrying", operation, error_code(exc))
             except (ConnectionError, HTTPClientError) as exc:
                 if not delays:
-                    raise base.TransientError(f"EC2 {operation}: endpoint unreachable: {exc}") from exc
+                    raise failures.TransientError(f"EC2 {operation}: endpoint unreachable: {exc}") from exc
                 log.info("EC2 %s: %s, retrying", operation, exc)
             except NoCredentialsError as exc:
-                raise base.FailedPreconditionError(f"EC2 {operation}: no AWS credentials found") from exc
+                raise failures.FailedPreconditionError(f"EC2 {operation}: no AWS credentials found") from exc
             except ParamValidationError as exc:
-                raise base.InvalidParameterError(f"EC2 {operation}: {exc}") from exc
+                raise failures.InvalidParameterError(f"EC2 {operation}: {exc}") from exc
             except ResponseParserError as exc:
                 raise UnsupportedActionError(
                     f"EC2 {operation}: the endpoint answered with something that is not an EC2 response"
                 ) from exc
             except BotoCoreError as exc:
-                raise base.BackendError(f"EC2 {operation}: {exc}") from exc
+                raise failures.DriverError(f"EC2 {operation}: {exc}") from exc
             self.retries += 1
             self._sleep(delays.pop(0))

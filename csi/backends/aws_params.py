@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
 
 from csi import keys
-from csi.backends.base import InvalidParameterError, NotFoundError, OutOfRangeError
+from csi.failures import InvalidParameterError, NotFoundError, OutOfRangeError
 
 # ---- canonical parameter keys
 TYPE = "type"

@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING, Any
 from csi import keys
 from csi.backends import local_files as files
 from csi.backends.base import (
-    AlreadyExistsError,
     Attachment,
     Backend,
     BackendCapabilities,
@@ -36,19 +35,22 @@ from csi.backends.base import (
     ContentSource,
     Disk,
     DiskOptions,
-    FailedPreconditionError,
     GroupSnapshot,
-    InvalidParameterError,
-    InvalidTokenError,
     NodeIdentity,
-    NotFoundError,
-    OutOfCapacityError,
-    OutOfRangeError,
     Page,
     Snapshot,
     SourceKind,
 )
 from csi.backends.local_state import AttachmentRow, GroupRow, NameTaken, SnapshotRow, Store, VolumeRow
+from csi.failures import (
+    AlreadyExistsError,
+    FailedPreconditionError,
+    InvalidParameterError,
+    InvalidTokenError,
+    NotFoundError,
+    OutOfCapacityError,
+    OutOfRangeError,
+)
 from csi.recovery import check_state, lock_data_dir
 
 if TYPE_CHECKING:

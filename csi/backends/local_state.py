@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, NamedTuple
 
-from csi.backends.base import FailedPreconditionError, LimitExceededError, NotFoundError, OutOfCapacityError
+from csi.failures import FailedPreconditionError, LimitExceededError, NotFoundError, OutOfCapacityError
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS volumes (

@@ -8,11 +8,10 @@ from typing import Any
 import pytest
 
 from csi.backends.aws import AwsBackend
-from csi.backends.base import (
+from csi.backends.base import DiskOptions, GiB
+from csi.failures import (
     AlreadyExistsError,
-    DiskOptions,
     FailedPreconditionError,
-    GiB,
     InvalidParameterError,
     InvalidTokenError,
     LimitExceededError,

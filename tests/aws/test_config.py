@@ -10,8 +10,9 @@ import pytest
 from csi.backends import build_backend
 from csi.backends.aws import AwsBackend
 from csi.backends.aws_errors import Backoff, Ec2
-from csi.backends.base import DiskOptions, FailedPreconditionError, GiB, TransientError
+from csi.backends.base import DiskOptions, GiB
 from csi.config import parse_args
+from csi.failures import FailedPreconditionError, TransientError
 from tests.aws.conftest import REGION, ZONE, make_client
 from tests.conftest import REPO
 

@@ -16,7 +16,7 @@ from csi.backends.aws_metadata import (
     attach_limit,
     resolve_placement,
 )
-from csi.backends.base import FailedPreconditionError
+from csi.failures import FailedPreconditionError
 
 TOKEN = "token-123"
 METADATA = {

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from csi.backends import aws_params as P
-from csi.backends.base import InvalidParameterError, NotFoundError, OutOfRangeError
+from csi.failures import InvalidParameterError, NotFoundError, OutOfRangeError
 
 
 @pytest.mark.parametrize(

@@ -10,16 +10,13 @@ from typing import Any
 import pytest
 
 from csi.backends.aws import AwsBackend, client_token
-from csi.backends.base import (
+from csi.backends.base import ContentSource, DiskOptions, GiB, SourceKind
+from csi.failures import (
     AlreadyExistsError,
-    ContentSource,
-    DiskOptions,
-    GiB,
     InvalidParameterError,
     NotFoundError,
     OutOfCapacityError,
     OutOfRangeError,
-    SourceKind,
 )
 from tests.aws.conftest import OTHER_ZONE, ZONE, inject_responses, record_calls
 

@@ -14,9 +14,9 @@ from typing import Any
 
 from csi import loop as real_loop
 from csi._proto import csi_pb2
-from csi.backends.base import TransientError
 from csi.backends.local import LocalBackend
 from csi.config import parse_args
+from csi.failures import TransientError
 from csi.mount import Result, SubprocessRunner
 from csi.server import Driver
 from tests.csiclient import CsiClient, connect

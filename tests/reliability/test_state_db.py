@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from csi._proto import csi_pb2
-from csi.backends.base import DiskOptions, FailedPreconditionError
+from csi.backends.base import DiskOptions
 from csi.backends.local import LocalBackend
+from csi.failures import FailedPreconditionError
 from csi.recovery import StateUnusable, check_state, recover_state
 from tests.conformance.driver import DRIVER, running_driver
 from tests.csiclient import connect

@@ -13,7 +13,6 @@ from csi import keys
 from csi._proto import csi_pb2
 from csi.backends import base
 from csi.capabilities import Capabilities
-from csi.config import Config
 from csi.controller import ControllerService
 from csi.errors import status_for
 from csi.group_controller import GroupControllerService
@@ -50,8 +49,8 @@ class Env:
         self.backend = FakeBackend(all_capabilities(**caps))
         self.inflight = InFlight()
         capabilities = Capabilities(self.backend.capabilities, serves_controller=True, serves_node=True)
-        self.ctl = ControllerService(self.backend, Config(), capabilities, self.inflight)
-        self.group = GroupControllerService(self.backend, Config(), capabilities, self.inflight)
+        self.ctl = ControllerService(self.backend, capabilities, self.inflight)
+        self.group = GroupControllerService(self.backend, capabilities, self.inflight)
 
     def create(self, name: str = "pvc-1", **kw: Any) -> csi_pb2.Volume:
         kw.setdefault("volume_capabilities", [mount()])
