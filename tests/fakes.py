@@ -34,6 +34,7 @@ from csi.backends.base import (
     Snapshot,
     SourceKind,
 )
+from csi.config import Config
 from csi.failures import (
     AlreadyExistsError,
     FailedPreconditionError,
@@ -72,6 +73,8 @@ def all_capabilities(**overrides: Any) -> BackendCapabilities:
 
 
 class FakeBackend(base.Backend):
+    default_driver_name = "fake.csi.ballast.dev"
+
     def __init__(
         self,
         capabilities: BackendCapabilities | None = None,
@@ -100,6 +103,11 @@ class FakeBackend(base.Backend):
         self.groups: dict[str, GroupSnapshot] = {}
         self._seq = itertools.count(1)
         self._lock = threading.RLock()
+
+    @classmethod
+    def from_config(cls, config: Config) -> FakeBackend:
+        """An empty fake serving the configured node."""
+        return cls(node_id=config.node.node_id or FAKE_NODE)
 
     # ---- helpers
 

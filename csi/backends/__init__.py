@@ -1,23 +1,85 @@
-"""Cloud backends behind one interface (csi.backends.base.Backend); `build_backend` picks one by name."""
+"""Cloud backends behind one interface (csi.backends.base.Backend), chosen by name with `--backend`.
+
+`local` and `aws` come with the driver. Any installed Python distribution can add more through the
+`ballast.backends` entry-point group: each entry is `<name> = "<module>:<Backend subclass>"`, and the
+class's `from_config` builds it from the driver's configuration (docs/writing-a-backend.md). A backend
+module is imported only when its backend is chosen (boto3 only for aws); the entry points are read only
+for a name that is not built in.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import importlib
+from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
+    from importlib.metadata import EntryPoint
+
     from csi.backends.base import Backend
     from csi.config import Config
 
+ENTRY_POINT_GROUP = "ballast.backends"
+
+
+class Builtin(NamedTuple):
+    target: str  # "module:Class"
+    driver_name: str  # the class's default_driver_name, known here without importing the module
+
+
+BUILTIN: dict[str, Builtin] = {
+    "local": Builtin("csi.backends.local:LocalBackend", "local.csi.ballast.dev"),
+    "aws": Builtin("csi.backends.aws:AwsBackend", "ebs.csi.aws.com"),
+}
+
+
+class UnknownBackend(ValueError):
+    """No built-in backend and no installed entry point has this name."""
+
+
+def _entry_points() -> dict[str, EntryPoint]:
+    from importlib.metadata import entry_points
+
+    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name not in BUILTIN}
+
+
+def names() -> list[str]:
+    """Every backend name this installation offers: the built-in ones, then the installed ones."""
+    return [*BUILTIN, *sorted(_entry_points())]
+
+
+def check_name(name: str) -> str:
+    """`name` when a backend of that name exists, else UnknownBackend listing the ones that do."""
+    if name in BUILTIN or name in _entry_points():
+        return name
+    raise UnknownBackend(
+        f"unknown backend {name!r}; available: {', '.join(names())} (more arrive as packages declaring "
+        f"the {ENTRY_POINT_GROUP!r} entry-point group)"
+    )
+
+
+def backend_class(name: str) -> type[Backend]:
+    """The Backend subclass registered as `name`; UnknownBackend when none is."""
+    from csi.backends.base import Backend
+
+    builtin = BUILTIN.get(name)
+    if builtin is not None:
+        module, _, attribute = builtin.target.partition(":")
+        found = getattr(importlib.import_module(module), attribute)
+    else:
+        entry = _entry_points().get(check_name(name))
+        assert entry is not None
+        found = entry.load()
+    if not (isinstance(found, type) and issubclass(found, Backend)):
+        raise UnknownBackend(f"backend {name!r} names {found!r}, which is not a csi.backends.base.Backend")
+    return found
+
+
+def default_driver_name(name: str) -> str:
+    """The CSI driver name a backend registers under unless --driver-name says otherwise."""
+    builtin = BUILTIN.get(name)
+    return builtin.driver_name if builtin is not None else backend_class(name).default_driver_name
+
 
 def build_backend(config: Config) -> Backend:
-    """Instantiate the configured backend; each is imported only when chosen (boto3 only for aws)."""
-    name = config.backend.name
-    if name == "local":
-        from csi.backends.local import LocalBackend
-
-        return LocalBackend.from_config(config)
-    if name == "aws":
-        from csi.backends.aws import AwsBackend
-
-        return AwsBackend.from_config(config)
-    raise ValueError(f"unknown backend {name!r}")
+    """Instantiate the configured backend through its `from_config`."""
+    return backend_class(config.backend.name).from_config(config)

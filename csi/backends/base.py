@@ -11,9 +11,12 @@ import abc
 import enum
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
-from typing import Generic, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, ClassVar, Generic, NamedTuple, Self, TypeVar
 
 from csi.failures import InvalidParameterError, NotFoundError
+
+if TYPE_CHECKING:
+    from csi.config import Config
 
 T = TypeVar("T")
 
@@ -161,8 +164,17 @@ class Backend(abc.ABC):
     """
 
     capabilities: BackendCapabilities
+    # The CSI driver name the backend registers under when --driver-name is not given.
+    default_driver_name: ClassVar[str]
 
     # ---- lifecycle
+
+    @classmethod
+    @abc.abstractmethod
+    def from_config(cls, config: Config) -> Self:
+        """Build the backend the driver's configuration describes (config.backend, config.node; a
+        process serving only the node has config.runs_controller False). Raise a csi.failures error
+        with an actionable message when the configuration cannot work."""
 
     def probe(self) -> bool:
         """True when ready to serve, False while starting. Raises a csi.failures error when broken."""

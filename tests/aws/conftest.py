@@ -13,8 +13,8 @@ import pytest
 from botocore.config import Config as BotoConfig
 
 from csi.backends.aws import AwsBackend
-from csi.backends.aws_devices import DeviceFinder
-from csi.backends.aws_errors import Backoff
+from csi.backends.aws.devices import DeviceFinder
+from csi.backends.aws.ec2 import Backoff
 from tests.motoserver import running_moto
 
 REGION = "us-east-1"

@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from csi.backends.aws_coalesce import Coalescer, Modification
+from csi.backends.aws.coalesce import Coalescer, Modification
 from csi.failures import InvalidParameterError, TransientError
 
 

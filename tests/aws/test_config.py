@@ -9,7 +9,7 @@ import pytest
 
 from csi.backends import build_backend
 from csi.backends.aws import AwsBackend
-from csi.backends.aws_errors import Backoff, Ec2
+from csi.backends.aws.ec2 import Backoff, Ec2
 from csi.backends.base import DiskOptions, GiB
 from csi.config import parse_args
 from csi.failures import FailedPreconditionError, TransientError

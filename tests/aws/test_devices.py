@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from csi.backends.aws_devices import CANDIDATES, DeviceFinder, DeviceNames
+from csi.backends.aws.devices import CANDIDATES, DeviceFinder, DeviceNames
 from csi.failures import FailedPreconditionError, LimitExceededError, NotFoundError
 
 VOL = "vol-0123456789abcdef0"

@@ -13,7 +13,8 @@ from botocore.exceptions import ClientError
 from csi import failures
 from csi.backends import base
 from csi.backends.aws import AwsBackend
-from csi.backends.aws_errors import AWS_ERRORS, Backoff, Ec2, UnsupportedActionError, translate
+from csi.backends.aws.ec2 import Backoff, Ec2
+from csi.backends.aws.errors import AWS_ERRORS, UnsupportedActionError, translate
 from csi.errors import status_for
 from tests.aws.conftest import inject_errors
 

@@ -11,7 +11,7 @@ import pytest
 
 from csi._proto import csi_pb2
 from csi.backends.aws import AwsBackend
-from csi.backends.aws_devices import DeviceFinder
+from csi.backends.aws.devices import DeviceFinder
 from csi.config import parse_args
 from csi.server import Driver
 from shim import Translator

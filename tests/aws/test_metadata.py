@@ -8,7 +8,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from csi.backends.aws_metadata import (
+from csi.backends.aws.metadata import (
     DEDICATED_LIMIT,
     DEFAULT_LIMIT,
     XEN_LIMIT,

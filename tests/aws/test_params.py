@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from csi.backends import aws_params as P
+from csi.backends.aws import params as P
 from csi.failures import InvalidParameterError, NotFoundError, OutOfRangeError
 
 

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from csi.backends.aws import AwsBackend, client_token
+from csi.backends.aws import AwsBackend
+from csi.backends.aws.volumes import client_token
 from csi.backends.base import ContentSource, DiskOptions, GiB, SourceKind
 from csi.failures import (
     AlreadyExistsError,

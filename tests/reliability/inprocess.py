@@ -198,7 +198,7 @@ def start_local(tmp: Path, data_dir: Path | None = None, loop: Any = None, *extr
             *extra,
         ]
     )  # fmt: skip
-    backend = FlakyBackend(str(data), node_id=NODE_ID, loop=loop)
+    backend = FlakyBackend.open(str(data), node_id=NODE_ID, loop=loop)
     backend.faults = {}
     driver = Driver(config, backend=backend)
     driver.start()

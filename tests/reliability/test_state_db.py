@@ -17,8 +17,10 @@ import pytest
 from csi._proto import csi_pb2
 from csi.backends.base import DiskOptions
 from csi.backends.local import LocalBackend
+from csi.backends.local.layout import Layout
+from csi.backends.local.recovery import recover_state
+from csi.backends.local.startup import StateUnusable, check_state
 from csi.failures import FailedPreconditionError
-from csi.recovery import StateUnusable, check_state, recover_state
 from tests.conformance.driver import DRIVER, running_driver
 from tests.csiclient import connect
 from tests.reliability.conftest import MiB, read_state
@@ -45,7 +47,7 @@ def digests(data_dir: Path) -> dict[str, str]:
 
 def seed(data_dir: Path) -> Seeded:
     """Three volumes with data, a snapshot, a group snapshot and an attachment, written by the backend."""
-    b = LocalBackend(str(data_dir), node_id=NODE)
+    b = LocalBackend.open(str(data_dir), node_id=NODE)
     try:
         vols = {}
         for i in range(3):
@@ -182,7 +184,7 @@ def test_recover_state_on_a_healthy_database_loses_nothing(tmp_path: Path) -> No
     counts = (report.volumes, report.named, report.snapshots, report.groups, report.attachments)
     assert counts == (3, 3, 3, 1, 1)
     assert read_state(data) == before
-    b = LocalBackend(str(data), node_id=NODE)
+    b = LocalBackend.open(str(data), node_id=NODE)
     try:
         assert b.create_volume("pvc-1", DiskOptions(size_bytes=9 * MiB)).id == s.volumes["pvc-1"]
         assert [a.node_id for a in b.get_volume(s.volumes["pvc-0"]).attachments] == [NODE]
@@ -198,7 +200,7 @@ def test_recover_state_on_a_healthy_database_loses_nothing(tmp_path: Path) -> No
 def test_recover_state_refuses_while_a_driver_holds_the_data_dir(tmp_path: Path) -> None:
     data = tmp_path / "data"
     seed(data)
-    b = LocalBackend(str(data), node_id=NODE)
+    b = LocalBackend.open(str(data), node_id=NODE)
     before = sorted(os.listdir(data))
     try:
         with pytest.raises(FailedPreconditionError, match="in use by ballast-csi controller"):
@@ -237,6 +239,6 @@ def test_check_state_only_refuses_what_cannot_be_trusted(
     prepare(data)
     if refused:
         with pytest.raises(StateUnusable, match="recover-state"):
-            check_state(str(data))
+            check_state(Layout(str(data)))
     else:
-        check_state(str(data))
+        check_state(Layout(str(data)))
