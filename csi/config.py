@@ -13,7 +13,7 @@ import socket
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from csi import backends
+from csi import backend_registry as registry
 from shim.gates import FeatureGateError, FeatureGates
 
 MODES = ("all", "controller", "node")
@@ -43,7 +43,7 @@ class ServerConfig(NamedTuple):
 
 class BackendConfig(NamedTuple):
     name: str = "local"
-    driver_name: str = backends.BUILTIN["local"].driver_name
+    driver_name: str = registry.BUILTIN["local"].driver_name
     data_dir: str = "/var/lib/ballast"
     zone: str = "local"
     region: str = ""
@@ -155,8 +155,8 @@ def _env(name: str, default: str) -> str:
 
 def _backend(text: str) -> str:
     try:
-        return backends.check_name(text)
-    except backends.UnknownBackend as exc:
+        return registry.check_name(text)
+    except registry.UnknownBackend as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
@@ -225,13 +225,13 @@ def _backend_flags(be: argparse._ArgumentGroup) -> None:
         type=_backend,
         default=_env("BALLAST_BACKEND", "local"),
         help="cloud backend: local, aws, or one an installed package provides through the "
-        f"'{backends.ENTRY_POINT_GROUP}' entry-point group [BALLAST_BACKEND] (default: local)",
+        f"'{registry.ENTRY_POINT_GROUP}' entry-point group [BALLAST_BACKEND] (default: local)",
     )
     be.add_argument(
         "--driver-name",
         default=_env("BALLAST_DRIVER_NAME", ""),
         help="CSI driver name [BALLAST_DRIVER_NAME] (default per backend: "
-        + ", ".join(f"{k}: {v.driver_name}" for k, v in backends.BUILTIN.items())
+        + ", ".join(f"{k}: {v.driver_name}" for k, v in registry.BUILTIN.items())
         + "; others: the backend's own)",
     )
     be.add_argument(
@@ -331,7 +331,7 @@ def _absolute(parser: argparse.ArgumentParser, flag: str, path: str) -> str:
 
 def from_namespace(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> Config:
     """Build the frozen Config from parsed flags; path problems exit 2 naming the flag."""
-    driver_name = ns.driver_name or backends.default_driver_name(ns.backend)
+    driver_name = ns.driver_name or registry.default_driver_name(ns.backend)
     prefixes = tuple(_absolute(parser, "--allowed-path-prefix", x) for x in ns.allowed_path_prefix)
     return Config(
         server=ServerConfig(

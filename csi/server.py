@@ -19,9 +19,9 @@ from types import FrameType
 
 import grpc
 
+from csi import backend_registry as registry
 from csi import logs
 from csi._proto import csi_pb2_grpc
-from csi.backends import build_backend
 from csi.backends.base import Backend
 from csi.capabilities import Capabilities
 from csi.config import Config, version
@@ -69,6 +69,17 @@ def _accepting(path: str) -> bool:
         except TimeoutError:
             return True  # listening, with a full backlog
         return True
+
+
+def build_backend(config: Config) -> Backend:
+    """The configured backend, built by its `from_config`; a name that registers something other than
+    a Backend subclass -> UnknownBackend."""
+    found = registry.load(config.backend.name)
+    if not (isinstance(found, type) and issubclass(found, Backend)):
+        raise registry.UnknownBackend(
+            f"backend {config.backend.name!r} names {found!r}, which is not a csi.backends.base.Backend"
+        )
+    return found.from_config(config)
 
 
 class Driver:

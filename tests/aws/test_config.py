@@ -7,12 +7,12 @@ import sys
 
 import pytest
 
-from csi.backends import build_backend
 from csi.backends.aws import AwsBackend
 from csi.backends.aws.ec2 import Backoff, Ec2
 from csi.backends.base import DiskOptions, GiB
 from csi.config import parse_args
 from csi.failures import FailedPreconditionError, TransientError
+from csi.server import build_backend
 from tests.aws.conftest import REGION, ZONE, make_client
 from tests.conftest import REPO
 
