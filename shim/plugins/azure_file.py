@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass
 
 from shim.errors import TranslationError
-from shim.plugins import base, fields
+from shim.plugins import base, fields, registry
 from shim.plugins.fields import JSON
 
 RESOURCE_GROUP_ANNOTATION = "kubernetes.io/azure-file-resource-group"
@@ -63,9 +63,7 @@ def _csi(driver: str, handle: str, azure: JSON, namespace: str) -> JSON:
 
 
 class AzureFile(base.InTreePlugin):
-    in_tree_name = "kubernetes.io/azure-file"
-    csi_name = "file.csi.azure.com"
-    source_key = "azureFile"
+    info = registry.BY_IN_TREE_NAME["kubernetes.io/azure-file"]
 
     def translate_pv_to_csi(self, pv: JSON) -> JSON:
         spec = base.spec_of(pv)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from shim.errors import TranslationError
-from shim.plugins import base, fields
+from shim.plugins import base, fields, registry
 from shim.plugins.fields import JSON
 
 AUTH_SECRET_NAME = "openstorage.io/auth-secret-name"
@@ -26,9 +26,7 @@ _PV_SECRET_REFS = (
 
 
 class Portworx(base.InTreePlugin):
-    in_tree_name = "kubernetes.io/portworx-volume"
-    csi_name = "pxd.portworx.com"
-    source_key = "portworxVolume"
+    info = registry.BY_IN_TREE_NAME["kubernetes.io/portworx-volume"]
 
     def translate_pv_to_csi(self, pv: JSON) -> JSON:
         """readOnly is not carried over (as in Kubernetes); auth annotations become all five secret refs."""
