@@ -55,7 +55,8 @@ def check_map(values: Mapping[str, str], field: str) -> None:
 
 
 def is_block(cap: csi_pb2.VolumeCapability) -> bool:
-    return cap.WhichOneof("access_type") == "block"
+    kind: str | None = cap.WhichOneof("access_type")
+    return kind == "block"
 
 
 def check_capability(cap: csi_pb2.VolumeCapability, field: str = "volume_capability") -> None:

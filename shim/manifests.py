@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -184,7 +184,8 @@ def load_cluster(kubeconfig: str, context: str | None = None) -> list[Manifest]:
             "--kubeconfig needs the kubernetes package (pip install 'ballast-csi[kube]')"
         ) from None
     try:
-        api_client = config.new_client_from_config(config_file=kubeconfig, context=context)
+        new_client: Callable[..., Any] = config.new_client_from_config  # the package has no annotations
+        api_client = new_client(config_file=kubeconfig, context=context)
     except (ConfigException, OSError, yaml.YAMLError, TypeError, ValueError) as exc:
         raise ManifestError(f"{kubeconfig}: cannot use kubeconfig: {exc}") from None
     manifests: list[Manifest] = []

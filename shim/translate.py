@@ -20,6 +20,7 @@ A field of the wrong JSON type raises TranslationError, as Kubernetes' decoder w
 
 from __future__ import annotations
 
+import importlib
 from typing import Any, overload
 
 from shim.errors import TranslationError
@@ -28,9 +29,16 @@ from shim.plugins.base import FILESYSTEM, InTreePlugin
 from shim.plugins.fields import JSON
 
 
+def translator(info: registry.PluginInfo) -> InTreePlugin:
+    """A new translator of the plugin `info` describes (its module is imported on first use)."""
+    module, _, name = info.translator.partition(":")
+    cls: type[InTreePlugin] = getattr(importlib.import_module(module), name)
+    return cls()
+
+
 def default_plugins() -> tuple[InTreePlugin, ...]:
     """One translator per migratable in-tree plugin (registry.PLUGINS)."""
-    return tuple(registry.translator(info) for info in registry.PLUGINS)
+    return tuple(translator(info) for info in registry.PLUGINS)
 
 
 def json_copy(value: Any) -> Any:

@@ -8,13 +8,9 @@ Data only: importing this module loads no translator (the driver parses gates at
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING, NamedTuple
-
-if TYPE_CHECKING:
-    from shim.plugins.base import InTreePlugin
+from typing import NamedTuple
 
 
 class PluginInfo(NamedTuple):
@@ -110,10 +106,3 @@ PLUGINS: tuple[PluginInfo, ...] = (
 )
 
 BY_IN_TREE_NAME: Mapping[str, PluginInfo] = MappingProxyType({p.in_tree_name: p for p in PLUGINS})
-
-
-def translator(info: PluginInfo) -> InTreePlugin:
-    """A new translator of the plugin (its module is imported on first use)."""
-    module, _, name = info.translator.partition(":")
-    cls: type[InTreePlugin] = getattr(importlib.import_module(module), name)
-    return cls()

@@ -91,7 +91,8 @@ def _request(name: str, size: int) -> csi_pb2.CreateVolumeRequest:
 
 
 def _create(c: CsiClient, name: str, size: int) -> csi_pb2.Volume:
-    return c.controller.CreateVolume(_request(name, size), timeout=30).volume
+    response: csi_pb2.CreateVolumeResponse = c.controller.CreateVolume(_request(name, size), timeout=30)
+    return response.volume
 
 
 def test_the_driver_serves_a_backend_installed_as_a_package(example: CsiClient) -> None:

@@ -89,7 +89,7 @@ def test_losetup_does_the_work_when_the_ioctls_are_missing(
             raise OSError(errno.ENOTTY, os.strerror(errno.ENOTTY))
         return real(fd, request, *args)
 
-    monkeypatch.setattr(loop.fcntl, "ioctl", old_kernel)
+    monkeypatch.setattr(fcntl, "ioctl", old_kernel)  # the module csi.loop calls
     device = loop.attach(backing)
     assert loop.backing_file(device) == backing
     os.truncate(backing, 48 * MiB)

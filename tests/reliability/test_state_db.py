@@ -164,7 +164,8 @@ def test_refuses_to_start_then_recover_state_restores_every_volume(
                 capacity_range=csi_pb2.CapacityRange(required_bytes=8 * MiB),
                 volume_capabilities=[csi_pb2.VolumeCapability(
                     mount=csi_pb2.VolumeCapability.MountVolume(),
-                    access_mode=csi_pb2.VolumeCapability.AccessMode(mode=1))],
+                    access_mode=csi_pb2.VolumeCapability.AccessMode(
+                        mode=csi_pb2.VolumeCapability.AccessMode.SINGLE_NODE_WRITER))],
                 volume_content_source=csi_pb2.VolumeContentSource(
                     snapshot=csi_pb2.VolumeContentSource.SnapshotSource(snapshot_id=s.snapshot)),
             ), timeout=30,
@@ -222,13 +223,21 @@ def test_records_without_files_are_dropped_and_stray_files_left_alone(tmp_path: 
     assert set(read_state(data).volume_rows) == {s.volumes["pvc-0"], s.volumes["pvc-1"]}
 
 
+def _seeded_then(how: Callable[[Path], None]) -> Callable[[Path], None]:
+    def prepare(data_dir: Path) -> None:
+        seed(data_dir)
+        damage(data_dir, how)
+
+    return prepare
+
+
 @pytest.mark.parametrize(
     ("prepare", "refused"),
     [
         pytest.param(lambda d: None, False, id="fresh-data-dir"),
         pytest.param(lambda d: seed(d), False, id="healthy"),
-        pytest.param(lambda d: (seed(d), damage(d, _deleted)), True, id="lost-with-files"),
-        pytest.param(lambda d: (seed(d), damage(d, _garbage)), True, id="garbage"),
+        pytest.param(_seeded_then(_deleted), True, id="lost-with-files"),
+        pytest.param(_seeded_then(_garbage), True, id="garbage"),
     ],
 )
 def test_check_state_only_refuses_what_cannot_be_trusted(

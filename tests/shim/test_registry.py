@@ -7,14 +7,14 @@ import pytest
 from shim.gates import GATES_BY_NAME, PLUGIN_GATES
 from shim.objects import IN_TREE_SOURCES
 from shim.plugins import registry
-from shim.translate import default_plugins
+from shim.translate import default_plugins, translator
 
 INFOS = [pytest.param(p, id=p.in_tree_name.removeprefix("kubernetes.io/")) for p in registry.PLUGINS]
 
 
 @pytest.mark.parametrize("info", INFOS)
 def test_the_translator_a_row_names_describes_itself_with_that_row(info: registry.PluginInfo) -> None:
-    plugin = registry.translator(info)
+    plugin = translator(info)
     assert plugin.info is info
     assert (plugin.in_tree_name, plugin.csi_name, plugin.source_key) == info[:3]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from csi import backend_registry as registry
+from csi.backends.base import Backend
 from csi.config import parse_args
 from csi.server import build_backend
 
@@ -12,7 +13,7 @@ from csi.server import build_backend
 @pytest.mark.parametrize("name", list(registry.BUILTIN))
 def test_a_builtin_backend_is_the_class_its_entry_names_with_its_driver_name(name: str) -> None:
     cls = registry.load(name)
-    assert isinstance(cls, type)
+    assert isinstance(cls, type) and issubclass(cls, Backend)
     assert registry.BUILTIN[name].driver_name == cls.default_driver_name == registry.default_driver_name(name)
 
 

@@ -36,7 +36,7 @@ from csi.backends.base import (
     Page,
     Snapshot,
 )
-from csi.failures import DriverError, FailedPreconditionError, InvalidParameterError
+from csi.failures import DriverError, FailedPreconditionError
 
 if TYPE_CHECKING:
     from csi.config import Config
@@ -207,27 +207,11 @@ class AwsBackend(Backend):
         return self._modifier.submit(P.volume_id(volume_id), parameters=mutable_parameters)
 
     def _apply_modification(self, vid: str, change: Modification) -> Disk:
+        """One ModifyVolume for a coalesced batch, waited for until EC2 reports it optimizing."""
         volume = self.ec2.describe_volume(vid)
-        current = int(volume["Size"])
-        args: dict[str, Any] = {}
-        if change.size_bytes is not None:
-            target = P.gib(change.size_bytes)
-            if target > current:  # not bigger: already satisfied (EBS volumes never shrink)
-                args["Size"] = target
-        kind = change.parameters.get(P.TYPE, volume.get("VolumeType", P.DEFAULT_TYPE))
-        if kind != volume.get("VolumeType"):
-            args["VolumeType"] = kind
-        for key, field in ((P.IOPS, "Iops"), (P.THROUGHPUT, "Throughput")):
-            if key in change.parameters and int(change.parameters[key]) != volume.get(field):
-                args[field] = int(change.parameters[key])
+        args = P.modify_arguments(volume, change.size_bytes, change.parameters)
         if not args:
             return self._disk(volume)
-        P.check_size(kind, int(args.get("Size", current)))
-        limits = P.VOLUME_TYPES[kind]
-        if "Iops" in args and not limits.max_iops:
-            raise InvalidParameterError(f"volume type {kind} has no provisioned IOPS")
-        if "Throughput" in args and limits.throughput is None:
-            raise InvalidParameterError(f"volume type {kind} takes no throughput")
         self.ec2.call("modify_volume", VolumeId=vid, **args)
 
         def settled() -> dict[str, Any] | None:
@@ -239,9 +223,8 @@ class AwsBackend(Backend):
                 raise DriverError(f"EBS failed to modify volume {vid}: {mods[-1].get('StatusMessage', '')}")
             return self.ec2.describe_volume(vid) if state in ("optimizing", "completed") else None
 
-        updated = self.ec2.poll(f"modification of {vid}", settled)
-        disk = self._disk(updated)
-        if "Size" in args and disk.size_bytes < args["Size"] * GiB:
+        disk = self._disk(self.ec2.poll(f"modification of {vid}", settled))
+        if "Size" in args and disk.size_bytes < args["Size"] * GiB:  # EC2 lags behind a resize
             disk = disk._replace(size_bytes=args["Size"] * GiB)
         return disk
 
