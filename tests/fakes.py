@@ -243,8 +243,8 @@ class FakeBackend(base.Backend):
         self._enter("expand_volume", volume_id, size_bytes)
         with self._lock:
             disk = self._volume(volume_id)
-            if size_bytes < disk.size_bytes:
-                raise OutOfRangeError(f"cannot shrink {volume_id} from {disk.size_bytes} to {size_bytes}")
+            if size_bytes <= disk.size_bytes:  # already that big: volumes never shrink
+                return disk.size_bytes
             if disk.attachments and not self.capabilities.expand_online:
                 raise FailedPreconditionError(f"volume {volume_id} is published; expand it offline")
             self.volumes[volume_id] = disk._replace(size_bytes=size_bytes)

@@ -224,8 +224,9 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def expand_volume(self, volume_id: str, size_bytes: int) -> int:
-        """Grow a disk to at least `size_bytes`; returns the new size. Already that big -> current size
-        (idempotent). Shrinking -> OutOfRangeError. Missing -> NotFoundError."""
+        """Grow a disk to at least `size_bytes`; returns the new size. Already that big (a smaller size
+        included: disks never shrink) -> the current size, nothing changes. A size past what the backend
+        allows -> OutOfRangeError. Missing -> NotFoundError."""
 
     def modify_volume(self, volume_id: str, mutable_parameters: Mapping[str, str]) -> Disk:
         """Apply validated mutable parameters all-or-nothing. Missing -> NotFoundError."""

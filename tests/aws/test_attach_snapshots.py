@@ -17,7 +17,8 @@ from csi.failures import (
     LimitExceededError,
     NotFoundError,
 )
-from tests.aws.conftest import OTHER_ZONE, ZONE, inject_errors, run_instance
+from tests.aws.conftest import OTHER_ZONE, inject_errors
+from tests.motoserver import ZONE, run_instance
 
 EBS_ZONE = "topology.ebs.csi.aws.com/zone"
 

@@ -13,8 +13,8 @@ from csi.backends.base import DiskOptions, GiB
 from csi.config import parse_args
 from csi.failures import FailedPreconditionError, TransientError
 from csi.server import build_backend
-from tests.aws.conftest import REGION, ZONE, make_client
 from tests.conftest import REPO
+from tests.motoserver import REGION, ZONE, make_client
 
 
 @pytest.fixture

@@ -19,7 +19,8 @@ from csi.failures import (
     OutOfCapacityError,
     OutOfRangeError,
 )
-from tests.aws.conftest import OTHER_ZONE, ZONE, inject_responses, record_calls
+from tests.aws.conftest import OTHER_ZONE, inject_responses, record_calls
+from tests.motoserver import ZONE
 
 EBS_ZONE = "topology.ebs.csi.aws.com/zone"
 K8S_ZONE = "topology.kubernetes.io/zone"

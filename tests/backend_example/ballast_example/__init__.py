@@ -22,7 +22,6 @@ from csi.failures import (
     InvalidParameterError,
     InvalidTokenError,
     NotFoundError,
-    OutOfRangeError,
 )
 
 VOLUME_ID = re.compile(r"[a-z0-9][a-z0-9.-]{0,62}")
@@ -97,10 +96,10 @@ class ExampleBackend(Backend):
         return Page(items=[self._disk(n) for n in page], next_token=token)
 
     def expand_volume(self, volume_id: str, size_bytes: int) -> int:
+        """Grow the file; a size at or below the current one changes nothing (volumes never shrink)."""
         current = self._disk(volume_id).size_bytes
-        if size_bytes < current:
-            raise OutOfRangeError(f"volume {volume_id} is {current} bytes and cannot shrink")
-        os.truncate(self._path(volume_id), max(current, size_bytes))
+        if size_bytes > current:
+            os.truncate(self._path(volume_id), size_bytes)
         return max(current, size_bytes)
 
     def attach(self, volume_id: str, node_id: str, readonly: bool) -> dict[str, str]:
