@@ -8,8 +8,10 @@ for aws); the entry points are read only for a name that is not built in.
 from __future__ import annotations
 
 import importlib
-from importlib.metadata import EntryPoint, entry_points
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from importlib.metadata import EntryPoint
 
 ENTRY_POINT_GROUP = "ballast.backends"
 
@@ -30,6 +32,8 @@ class UnknownBackend(ValueError):
 
 
 def _entry_points() -> dict[str, EntryPoint]:
+    from importlib.metadata import entry_points  # some 10 ms: only when a name is not built in
+
     return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name not in BUILTIN}
 
 

@@ -23,10 +23,11 @@ from __future__ import annotations
 import importlib
 from typing import Any, overload
 
+from shim import fields
 from shim.errors import TranslationError
-from shim.plugins import fields, registry
+from shim.fields import JSON
+from shim.plugins import registry
 from shim.plugins.base import FILESYSTEM, InTreePlugin
-from shim.plugins.fields import JSON
 
 
 def translator(info: registry.PluginInfo) -> InTreePlugin:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import re
 
-from shim import topology
+from shim import fields, topology
 from shim.errors import TranslationError
-from shim.plugins import base, fields, goneturl, registry, storageclass
-from shim.plugins.fields import JSON
+from shim.fields import JSON
+from shim.plugins import base, goneturl, registry, storageclass
 
 TOPOLOGY_KEY = "topology.ebs.csi.aws.com/zone"
 IOPS_PER_GB_KEY = "iopspergb"

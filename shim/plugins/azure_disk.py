@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import re
 
+from shim import fields
 from shim.errors import TranslationError
-from shim.plugins import base, fields, registry, storageclass
-from shim.plugins.fields import JSON
+from shim.fields import JSON
+from shim.plugins import base, registry, storageclass
 
 TOPOLOGY_KEY = "topology.disk.csi.azure.com/zone"
 MANAGED = "Managed"

@@ -8,9 +8,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from shim import fields
 from shim.errors import TranslationError
-from shim.plugins import base, fields, registry
-from shim.plugins.fields import JSON
+from shim.fields import JSON
+from shim.plugins import base, registry
 
 RESOURCE_GROUP_ANNOTATION = "kubernetes.io/azure-file-resource-group"
 DEFAULT_SECRET_NAMESPACE = "default"

@@ -9,8 +9,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import ClassVar
 
-from shim.plugins import fields
-from shim.plugins.fields import JSON
+from shim import fields
+from shim.fields import JSON
 from shim.plugins.registry import PluginInfo
 
 FILESYSTEM = "Filesystem"

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from shim import topology
-from shim.plugins import base, fields, registry, storageclass
-from shim.plugins.fields import JSON
+from shim import fields, topology
+from shim.fields import JSON
+from shim.plugins import base, registry, storageclass
 
 TOPOLOGY_KEY = "topology.cinder.csi.openstack.org/zone"
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from shim import topology
+from shim import fields, topology
 from shim.errors import TranslationError
-from shim.plugins import base, fields, registry, storageclass
-from shim.plugins.fields import JSON
+from shim.fields import JSON
+from shim.plugins import base, registry, storageclass
 
 TOPOLOGY_KEY = "topology.gke.io/zone"
 UNSPECIFIED = "UNSPECIFIED"

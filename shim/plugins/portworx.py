@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from shim import fields
 from shim.errors import TranslationError
-from shim.plugins import base, fields, registry
-from shim.plugins.fields import JSON
+from shim.fields import JSON
+from shim.plugins import base, registry
 
 AUTH_SECRET_NAME = "openstorage.io/auth-secret-name"
 AUTH_SECRET_NAMESPACE = "openstorage.io/auth-secret-namespace"

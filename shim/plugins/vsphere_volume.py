@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import contextlib
 
-from shim import topology
+from shim import fields, topology
 from shim.errors import TranslationError
-from shim.plugins import base, fields, registry, storageclass
-from shim.plugins.fields import JSON
+from shim.fields import JSON
+from shim.plugins import base, registry, storageclass
 
 ZONE_KEY = "topology.csi.vmware.com/zone"
 REGION_KEY = "topology.csi.vmware.com/region"
