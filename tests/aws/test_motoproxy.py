@@ -5,13 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-import boto3
 import pytest
-from botocore.config import Config as BotoConfig
 from botocore.exceptions import ClientError
 
-from tests.aws.conftest import AMI, REGION, ZONE
 from tests.motoproxy import MotoProxy, running_proxy
+from tests.motoserver import ZONE, make_client, run_instance
 
 
 @pytest.fixture
@@ -20,38 +18,14 @@ def proxy(moto_endpoint: str) -> Iterator[MotoProxy]:
         yield served
 
 
-def _client(endpoint: str, account: str) -> Any:
-    client = boto3.client(
-        "ec2",
-        region_name=REGION,
-        endpoint_url=endpoint,
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-        config=BotoConfig(retries={"total_max_attempts": 1}),
-    )
-
-    def tag_account(request: Any, **kwargs: Any) -> None:
-        request.headers["x-moto-account-id"] = account
-
-    client.meta.events.register("before-sign.ec2", tag_account)
-    return client
-
-
 @pytest.fixture
 def ec2(proxy: MotoProxy, account: str) -> Any:
-    return _client(proxy.endpoint, account)
+    return make_client(proxy.endpoint, account)
 
 
 def _volume(ec2: Any, volume_id: str) -> dict[str, Any]:
     (volume,) = ec2.describe_volumes(VolumeIds=[volume_id])["Volumes"]
     return dict(volume)
-
-
-def _instance(ec2: Any) -> str:
-    reservation = ec2.run_instances(
-        ImageId=AMI, MinCount=1, MaxCount=1, InstanceType="m5.large", Placement={"AvailabilityZone": ZONE}
-    )
-    return str(reservation["Instances"][0]["InstanceId"])
 
 
 def test_new_volume_reads_creating_for_the_held_polls(proxy: MotoProxy, ec2: Any) -> None:
@@ -64,7 +38,7 @@ def test_new_volume_reads_creating_for_the_held_polls(proxy: MotoProxy, ec2: Any
 
 
 def test_attach_and_detach_are_held(proxy: MotoProxy, ec2: Any) -> None:
-    instance = _instance(ec2)
+    instance = run_instance(ec2)
     volume_id = ec2.create_volume(Size=1, AvailabilityZone=ZONE)["VolumeId"]
     proxy.hold("attaching", 1)
     proxy.hold("detaching", 1)
@@ -117,7 +91,7 @@ def test_error_rate_is_repeatable_for_a_seed(moto_endpoint: str, account: str) -
     def refusals() -> list[bool]:
         with running_proxy(moto_endpoint, seed=7) as proxy:
             proxy.fail("*", "RequestLimitExceeded", rate=0.3)
-            client = _client(proxy.endpoint, account)
+            client = make_client(proxy.endpoint, account)
             out = []
             for _ in range(60):
                 try:
