@@ -1,5 +1,5 @@
 # Entry points; the README's two commands are `make demo` and `make test`.
-.PHONY: setup test demo proto lint
+.PHONY: setup test test-fast demo proto lint
 
 setup:
 	scripts/setup
@@ -14,5 +14,12 @@ demo:
 proto:
 	.venv/bin/python proto/generate.py
 
+# Exactly the static checks CI runs (scripts/test runs scripts/lint before pytest).
 lint: setup
-	.venv/bin/ruff check csi shim tests benchmarks && .venv/bin/mypy
+	scripts/lint
+
+# The unit tests (fakes; no root, no Go-built tools): about half a minute.
+test-fast:
+	scripts/setup --runtime
+	.venv/bin/pytest tests/unit tests/shim tests/test_tree.py tests/test_docs.py -m "not slow" \
+		--ignore tests/shim/test_differential.py -p no:cacheprovider

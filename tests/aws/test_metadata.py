@@ -8,7 +8,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from csi.backends.aws_metadata import (
+from csi.backends.aws.metadata import (
     DEDICATED_LIMIT,
     DEFAULT_LIMIT,
     XEN_LIMIT,
@@ -16,7 +16,7 @@ from csi.backends.aws_metadata import (
     attach_limit,
     resolve_placement,
 )
-from csi.backends.base import FailedPreconditionError
+from csi.failures import FailedPreconditionError
 
 TOKEN = "token-123"
 METADATA = {
