@@ -22,7 +22,7 @@ import fcntl
 import itertools
 import os
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import NamedTuple
 
 FS_IOC_FIEMAP = 0xC020660B  # _IOWR('f', 11, struct fiemap)
@@ -117,8 +117,8 @@ def _align(start: int, block: int) -> int:
     return start - start % block
 
 
-def _blocks(segments: Iterator[Range], block: int, size: int) -> Iterator[Range]:
-    """The segments widened to whole blocks (cut at `size`), merged where they touch."""
+def aligned(segments: Iterable[Range], block: int, size: int) -> Iterator[Range]:
+    """Ascending segments widened to whole blocks (cut at `size`), merged where they touch."""
     current: Range | None = None
     for seg in segments:
         lo = _align(seg.offset, block)
@@ -138,7 +138,7 @@ def allocated(path: str, start: int, block: int) -> Iterator[Range]:
     fd = os.open(path, os.O_RDONLY)
     try:
         size = os.fstat(fd).st_size
-        yield from _blocks(data_segments(fd, _align(start, block), size), block, size)
+        yield from aligned(data_segments(fd, _align(start, block), size), block, size)
     finally:
         os.close(fd)
 
@@ -256,7 +256,7 @@ def changed(
             base = _side(base_fd, share_aware)
             target = _side(target_fd, share_aware)
             size = target.size
-            windows = _blocks(_candidates(base, target, _align(start, block), size), block, size)
+            windows = aligned(_candidates(base, target, _align(start, block), size), block, size)
             merged = _merge(w for window in windows for w in _differing(base, target, window, block, counter))
             yield from merged
         finally:
@@ -278,7 +278,7 @@ def _merge(ranges: Iterator[Range]) -> Iterator[Range]:
         yield current
 
 
-def fixed(ranges: Iterator[Range], block: int) -> Iterator[Range]:
+def fixed(ranges: Iterable[Range], block: int) -> Iterator[Range]:
     """Merged ranges split back into single blocks (the FIXED_LENGTH form)."""
     for r in ranges:
         for at in range(r.offset, r.end, block):
