@@ -4,8 +4,8 @@
   superblock until fsck clears it): any -> DEGRADED.
 - xfs marks the metadata it found corrupt as "sick" (XFS_IOC_FSGEOMETRY, XFS_IOC_AG_GEOMETRY): any ->
   DEGRADED; a filesystem xfs shut down answers EIO -> INACCESSIBLE.
-- A filesystem mounted read-write whose superblock is read-only was remounted by the kernel after
-  errors -> DEGRADED.
+- A filesystem mounted read-write whose superblock is read-only (or, since Linux 6.11, flagged
+  `emergency_ro` by ext4) was made read-only by the kernel after errors -> DEGRADED.
 - `storage_issues(directory)` judges the filesystem holding a directory for NodeGetStorageHealth:
   unreachable or read-only -> STORAGE_UNREACHABLE; nearly full or errored -> STORAGE_DEGRADED.
 
@@ -24,6 +24,7 @@ from collections.abc import Iterator
 
 from csi.devices import DeviceNumbers
 from csi.health import Issue, Status, StorageIssue, StorageStatus
+from csi.mount import Mounter, MountInfo
 
 SYS_EXT4 = "/sys/fs/ext4"
 SYS_DEV_BLOCK = "/sys/dev/block"
@@ -32,6 +33,18 @@ XFS_IOC_AG_GEOMETRY = 0xC080583D  # _IOWR('X', 61, struct xfs_ag_geometry), 128 
 _GEOMETRY = struct.Struct("=8I4Q16s8I2I")  # ... logsunit, sick, checked (the fields up to `checked`)
 _AG_GEOMETRY = struct.Struct("=8I")  # ag_number, length, freeblks, icount, ifree, sick, checked, flags
 NEARLY_FULL_PERCENT = 95
+
+
+def forced_readonly(mount: MountInfo) -> bool:
+    """True when the kernel made a filesystem read-only under a read-write mount (after errors)."""
+    return bool({"ro", "emergency_ro"} & set(mount.super_options)) and not mount.readonly
+
+
+def _superblock_readonly(numbers: DeviceNumbers) -> bool:
+    mounts = Mounter(syscalls=False).mounts()
+    return any(
+        (m.major, m.minor) == numbers and {"ro", "emergency_ro"} & set(m.super_options) for m in mounts
+    )
 
 
 def device_name(numbers: DeviceNumbers) -> str | None:
@@ -160,9 +173,10 @@ def storage_issues(directory: str, nearly_full_percent: int = NEARLY_FULL_PERCEN
                 f"{directory} cannot be read ({exc.strerror}); no volume in it can be used from this node",
             )
         ]
+    numbers = (os.major(dev), os.minor(dev))
     shut_down, sick = _xfs_state(directory)
-    out = _unusable(directory, shut_down, bool(st.f_flag & os.ST_RDONLY))
-    name = device_name((os.major(dev), os.minor(dev))) or "its device"
+    out = _unusable(directory, shut_down, bool(st.f_flag & os.ST_RDONLY) or _superblock_readonly(numbers))
+    name = device_name(numbers) or "its device"
     count, last = ext4_errors(name)
     if count or sick:
         found = f"ext4 recorded {count} error(s){last}" if count else f"xfs found corrupt {', '.join(sick)}"

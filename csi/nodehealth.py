@@ -106,8 +106,7 @@ class NodeHealth:
             if not paths.under_roots(m.mount_point, self._roots):
                 continue
             seen.add(numbers)
-            remounted = "ro" in m.super_options and not m.readonly
-            yield from fshealth.filesystem_issues(numbers, m.mount_point, remounted)
+            yield from fshealth.filesystem_issues(numbers, m.mount_point, fshealth.forced_readonly(m))
         if not seen and devices.is_block_device(device):  # block access: the sysfs counters still speak
             yield from fshealth.filesystem_issues(devices.rdev(device), None)
 

@@ -88,8 +88,9 @@ def test_every_binding_names_the_controller_service_account_only(set_id: str) ->
     account = pod_spec(only(objects, "Deployment"))["serviceAccountName"]
     bindings = of_kind(objects, "ClusterRoleBinding") + of_kind(objects, "RoleBinding")
     roles = {r["metadata"]["name"] for r in of_kind(objects, "ClusterRole") + of_kind(objects, "Role")}
-    snapshotter = values_of(set_id)["sidecars"]["snapshotter"]["enabled"]
-    assert len(of_kind(objects, "ClusterRoleBinding")) == (4 if snapshotter else 3)
+    values = values_of(set_id)
+    optional = values["sidecars"]["snapshotter"]["enabled"] + values["snapshotMetadata"]["enabled"]
+    assert len(of_kind(objects, "ClusterRoleBinding")) == 3 + optional
     for binding in bindings:
         assert binding["subjects"] == [
             {"kind": "ServiceAccount", "name": account, "namespace": "kube-system"}

@@ -1,47 +1,19 @@
-"""Changed blocks between two reflinked snapshots on a real xfs (reflink=1) made on a loop device: the
-answer is exact and the unchanged, shared extents are never read."""
+"""Changed blocks between two reflinked snapshots on a real xfs (reflink=1) made on a loop device (the
+`reflink_dir` fixture of tests/integration/conftest.py): the answer is exact and the unchanged, shared
+extents are never read."""
 
 from __future__ import annotations
 
 import fcntl
 import os
 import random
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 from csi.extents import Range, ReadStats, allocated, changed, extent_map
-from tests.conftest import require_root, require_tool
 
 MiB = 1024 * 1024
 BLOCK = 512 * 1024
 FICLONE = 0x40049409
-
-
-@pytest.fixture
-def reflink_dir(tmp_path: Path) -> Iterator[Path]:
-    """A fresh xfs with reflink, mounted under tmp_path; unmounted and detached even when a test fails."""
-    require_root()
-    mkfs = require_tool("mkfs.xfs")
-    image, mnt = tmp_path / "xfs.img", tmp_path / "mnt"
-    mnt.mkdir()
-    with open(image, "wb") as f:
-        f.truncate(400 * MiB)
-    subprocess.run([mkfs, "-q", "-m", "reflink=1", str(image)], check=True)
-    loop = subprocess.run(
-        ["losetup", "--find", "--show", str(image)], check=True, capture_output=True, text=True
-    ).stdout.strip()
-    try:
-        subprocess.run(["mount", "-t", "xfs", loop, str(mnt)], check=True)
-        try:
-            yield mnt
-        finally:
-            if subprocess.run(["umount", str(mnt)], check=False).returncode != 0:
-                subprocess.run(["umount", "--lazy", str(mnt)], check=False)  # a test left a file open
-    finally:
-        subprocess.run(["losetup", "-d", loop], check=False)
 
 
 def _reflink(src: Path, dst: Path) -> None:

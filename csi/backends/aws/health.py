@@ -91,9 +91,10 @@ class EbsHealth:
 
     def volume(self, volume: Mapping[str, Any]) -> tuple[Issue, ...]:
         """Issues of one volume (its DescribeVolumes item) with its status checks."""
-        response = self._ec2.call("describe_volume_status", VolumeIds=[volume["VolumeId"]])
-        statuses = response.get("VolumeStatuses", [])
-        return issues(volume, statuses[0] if statuses else None)
+        vid = volume["VolumeId"]
+        response = self._ec2.call("describe_volume_status", VolumeIds=[vid])
+        status = next((s for s in response.get("VolumeStatuses", []) if s.get("VolumeId") == vid), None)
+        return issues(volume, status)
 
     def listing(self, volumes: list[dict[str, Any]], max_entries: int, token: str) -> Page[VolumeHealth]:
         """The volumes among `volumes` with an issue, seek-paged by volume id. One DescribeVolumeStatus

@@ -180,7 +180,7 @@ def _filesystem(device: str, mounts: Iterable[MountInfo]) -> Iterator[Issue]:
     st = os.stat(device)
     numbers = (os.major(st.st_rdev), os.minor(st.st_rdev))
     mount = next((m for m in mounts if (m.major, m.minor) == numbers), None)
-    remounted = mount is not None and "ro" in mount.super_options and not mount.readonly
+    remounted = mount is not None and fshealth.forced_readonly(mount)
     yield from fshealth.filesystem_issues(numbers, mount.mount_point if mount else None, remounted)
 
 
