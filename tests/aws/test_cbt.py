@@ -199,6 +199,7 @@ def served(tmp_path: Path, cbt: AwsBackend) -> Iterator[str]:
     driver.stop(grace=1)
 
 
+@pytest.mark.usefixtures("restore_root_logging")
 def test_get_metadata_delta_over_grpc_and_snapshot_diff(
     served: str, pair: tuple[str, str], capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -52,6 +52,7 @@ def test_a_missing_and_a_short_backing_file_while_running(data: Path) -> None:
     be.close()
 
 
+@pytest.mark.usefixtures("restore_root_logging")
 def test_a_file_found_short_at_start_up_is_grown_and_stays_data_loss_until_cleared(
     data: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -77,6 +78,7 @@ def test_a_file_found_short_at_start_up_is_grown_and_stays_data_loss_until_clear
     be.close()
 
 
+@pytest.mark.usefixtures("restore_root_logging")
 def test_clear_health_names_an_unknown_volume(data: Path, capsys: pytest.CaptureFixture[str]) -> None:
     open_backend(data).close()
     assert main(["clear-health", "--data-dir", str(data), "lv-" + "0" * 32]) == 1
