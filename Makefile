@@ -1,5 +1,5 @@
 # Entry points; the README's two commands are `make demo` and `make test`.
-.PHONY: setup test test-fast demo proto lint
+.PHONY: setup test test-fast demo proto lint e2e
 
 setup:
 	scripts/setup
@@ -23,3 +23,7 @@ test-fast:
 	scripts/setup --runtime
 	.venv/bin/pytest tests/unit tests/shim tests/test_tree.py tests/test_docs.py -m "not slow" \
 		--ignore tests/shim/test_differential.py -p no:cacheprovider
+
+# The Kubernetes test bed alone (real control plane + sidecars; builds them on first use).
+e2e:
+	scripts/test tests/e2e

@@ -105,22 +105,70 @@ FS_OPTIONS: dict[str, dict[str, str | None]] = {
 FS_OPTIONS["ext3"] = {k: v for k, v in FS_OPTIONS["ext4"].items() if k not in ("dioread_nolock",)}
 
 
-def check_mount_flags(flags: Sequence[str], fs_type: str | None) -> list[str]:
-    """Allow-listed mount flags, split on commas; anything else -> InvalidParameterError naming the flag.
+# SELinux: kubelet mounts a volume with the pod's label (`-o context="<user>:<role>:<type>:<level>"`)
+# when the CSIDriver has seLinuxMount. The level may hold commas (s0:c1,c2), so kubelet quotes the value.
+_SELINUX_NAME = r"[a-z_][a-z0-9_]{0,63}"
+_SELINUX_CATEGORIES = r"c[0-9]{1,4}(?:[.,]c[0-9]{1,4})*"
+_SELINUX_LEVEL = rf"s[0-9]{{1,2}}(?::{_SELINUX_CATEGORIES})?"
+SELINUX_CONTEXT = re.compile(
+    rf"{_SELINUX_NAME}:{_SELINUX_NAME}:{_SELINUX_NAME}:{_SELINUX_LEVEL}(?:-{_SELINUX_LEVEL})?"
+)
+# Security options valid on every filesystem (never for raw block), passed at stage and publish.
+SECURITY_OPTIONS = ("context=",)
 
-    `fs_type` None (block access or bind mounts) allows only the VFS flags.
+
+def _selinux_context_ok(value: str) -> bool:
+    if len(value) >= 2 and value[0] == value[-1] == '"':
+        value = value[1:-1]
+    elif "," in value:
+        return False
+    return SELINUX_CONTEXT.fullmatch(value) is not None
+
+
+def _split_options(raw: str) -> list[str]:
+    """Split a mount option string on commas outside double quotes (context="...:s0:c1,c2")."""
+    parts: list[str] = []
+    current: list[str] = []
+    quoted = False
+    for char in raw:
+        if char == '"':
+            quoted = not quoted
+        if char == "," and not quoted:
+            parts.append("".join(current))
+            current = []
+        else:
+            current.append(char)
+    if quoted:
+        raise InvalidParameterError(f"mount flags {raw!r}: unbalanced double quote")
+    parts.append("".join(current))
+    return parts
+
+
+def check_mount_flags(flags: Sequence[str], fs_type: str | None) -> list[str]:
+    """Allow-listed mount flags, split on commas (outside double quotes); anything else ->
+    InvalidParameterError naming the flag.
+
+    `fs_type` None (block access) allows only the VFS flags; filesystems also take their own options
+    and `context=` with a value checked as an SELinux context.
     """
     out: list[str] = []
     allowed = FS_OPTIONS.get(fs_type or "", {})
     for raw in flags:
-        for flag in (f.strip() for f in raw.split(",")):
+        for flag in (f.strip() for f in _split_options(raw)):
             if not flag:
                 continue
-            if flag not in VFS_FLAGS and not _fs_option_ok(flag, allowed):
+            if fs_type and flag.startswith(SECURITY_OPTIONS):
+                if not _selinux_context_ok(flag[len("context=") :]):
+                    raise InvalidParameterError(
+                        f"mount flag {flag!r}: not an SELinux context; expected context="
+                        '"user:role:type:level", e.g. context="system_u:object_r:container_file_t:s0:c1,c2"'
+                    )
+            elif flag not in VFS_FLAGS and not _fs_option_ok(flag, allowed):
                 where = f"for {fs_type}" if fs_type else "for this access type"
+                security = {k.rstrip("=") for k in SECURITY_OPTIONS} if fs_type else set()
                 raise InvalidParameterError(
                     f"mount flag {flag!r} is not allowed {where}; allowed: "
-                    + ", ".join(sorted(set(VFS_FLAGS) | {k.rstrip("=") for k in allowed}))
+                    + ", ".join(sorted(set(VFS_FLAGS) | {k.rstrip("=") for k in allowed} | security))
                 )
             out.append(flag)
     return out

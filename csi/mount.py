@@ -24,7 +24,15 @@ from collections.abc import Mapping, Sequence
 from typing import NamedTuple, Protocol
 
 from csi.failures import DriverError
-from csi.filesystems import EXT_TYPES, MS_BIND, MS_REMOUNT, VFS_FLAGS, mkfs_argv, split_flags
+from csi.filesystems import (
+    EXT_TYPES,
+    MS_BIND,
+    MS_REMOUNT,
+    SECURITY_OPTIONS,
+    VFS_FLAGS,
+    mkfs_argv,
+    split_flags,
+)
 
 # Program -> Debian package that ships it (the Dockerfile installs exactly these packages).
 REQUIRED_TOOLS: dict[str, str] = {
@@ -321,16 +329,19 @@ class Mounter:
         """Bind-mount `source` on `target`, then apply VFS `flags` (e.g. ro) with a bind remount."""
         set_bits, _, _ = split_flags(flags)
         vfs = [f for f in flags if f in VFS_FLAGS]
+        # Security options (context=) travel with the bind: on an SELinux kernel kubelet's pod label.
+        security = [f for f in flags if f.startswith(SECURITY_OPTIONS)]
         if self._libc is not None:
             try:
-                self._libc.mount(source, target, None, MS_BIND, "")
+                self._libc.mount(source, target, None, MS_BIND, ",".join(security))
                 if set_bits:
                     self._libc.mount(None, target, None, MS_BIND | MS_REMOUNT | set_bits, "")
                 return
             except OSError as exc:
                 self._undo_bind(target)
                 raise MountError(f"bind-mounting {source} at {target} failed: {exc.strerror}") from exc
-        result = self.runner(["mount", "--bind", source, target], timeout=300)
+        options = ["-o", ",".join(security)] if security else []
+        result = self.runner(["mount", "--bind", *options, source, target], timeout=300)
         if result.returncode != 0:
             raise _fail(result, f"bind-mounting {source} at {target}")
         if vfs:

@@ -1,4 +1,5 @@
-"""Each sidecar's ClusterRole grants exactly what it needs, bound to the controller's ServiceAccount only."""
+"""Each sidecar's ClusterRole grants exactly what it needs, bound to the controller's ServiceAccount only;
+the node plugin's role (startup taint removal) is bound to the node's ServiceAccount only."""
 
 from __future__ import annotations
 
@@ -21,11 +22,12 @@ EXPECTED: dict[str, set[R]] = {
         rule("", "persistentvolumeclaims", *WATCH, "update"),
         rule("storage.k8s.io", "storageclasses", *WATCH),
         EVENTS,
-        rule("snapshot.storage.k8s.io", "volumesnapshots", "get", "list"),
+        rule("snapshot.storage.k8s.io", "volumesnapshots", *WATCH, "update"),
         rule("snapshot.storage.k8s.io", "volumesnapshotcontents", "get", "list"),
         rule("storage.k8s.io", "csinodes", *WATCH),
         rule("", "nodes", *WATCH),
         rule("storage.k8s.io", "volumeattachments", *WATCH),
+        rule("storage.k8s.io", "volumeattributesclasses", "get"),
     },
     "attacher": {
         rule("", "persistentvolumes", *WATCH, "patch"),
@@ -39,12 +41,18 @@ EXPECTED: dict[str, set[R]] = {
         rule("", "persistentvolumeclaims/status", "patch"),
         rule("", "pods", *WATCH),
         EVENTS,
+        rule("storage.k8s.io", "volumeattributesclasses", *WATCH),
     },
     "snapshotter": {
         EVENTS,
         rule("snapshot.storage.k8s.io", "volumesnapshotclasses", *WATCH),
         rule("snapshot.storage.k8s.io", "volumesnapshotcontents", *WATCH, "update", "patch"),
         rule("snapshot.storage.k8s.io", "volumesnapshotcontents/status", "update", "patch"),
+    },
+    # The node plugin: reads its CSINode, removes <driver>/agent-not-ready from its own Node.
+    "node": {
+        rule("storage.k8s.io", "csinodes", "get"),
+        rule("", "nodes", "get", "patch"),
     },
 }
 LEASES = {rule("coordination.k8s.io", "leases", "get", "watch", "list", "delete", "update", "create")}
@@ -83,19 +91,20 @@ def test_leases_role_is_namespaced_and_only_for_leases(set_id: str) -> None:
     assert flatten(role) == LEASES
 
 
-def test_every_binding_names_the_controller_service_account_only(set_id: str) -> None:
+def test_every_binding_names_the_service_account_of_its_pod_only(set_id: str) -> None:
     objects = render(set_id)
     account = pod_spec(only(objects, "Deployment"))["serviceAccountName"]
+    node_account = pod_spec(only(objects, "DaemonSet"))["serviceAccountName"]
+    assert node_account != account
     bindings = of_kind(objects, "ClusterRoleBinding") + of_kind(objects, "RoleBinding")
     roles = {r["metadata"]["name"] for r in of_kind(objects, "ClusterRole") + of_kind(objects, "Role")}
     values = values_of(set_id)
     optional = values["sidecars"]["snapshotter"]["enabled"] + values["snapshotMetadata"]["enabled"]
-    assert len(of_kind(objects, "ClusterRoleBinding")) == 3 + optional
+    assert len(of_kind(objects, "ClusterRoleBinding")) == 4 + optional
     for binding in bindings:
+        expected = node_account if binding["roleRef"]["name"].endswith("-node") else account
         assert binding["subjects"] == [
-            {"kind": "ServiceAccount", "name": account, "namespace": "kube-system"}
+            {"kind": "ServiceAccount", "name": expected, "namespace": "kube-system"}
         ]
         assert binding["roleRef"]["name"] in roles
-    node_account = pod_spec(only(objects, "DaemonSet"))["serviceAccountName"]
-    assert node_account != account
-    assert {s.get("name") for b in bindings for s in b["subjects"]} == {account}
+    assert {s.get("name") for b in bindings for s in b["subjects"]} == {account, node_account}

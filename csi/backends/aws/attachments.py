@@ -15,6 +15,7 @@ from typing import Any
 from csi import keys
 from csi.backends.aws.devices import DeviceNames
 from csi.backends.aws.ec2 import Ec2
+from csi.backends.aws.metadata import attach_limit
 from csi.backends.aws.records import ATTACHED_STATES, TAG_READONLY_PREFIX, tags
 from csi.failures import (
     AlreadyExistsError,
@@ -76,12 +77,22 @@ class Attacher:
         return ""
 
     def _used_names(self, instance: Mapping[str, Any], node_id: str) -> list[str]:
-        """Device names the instance uses (its root included); the instance full -> LimitExceededError."""
+        """Device names the instance uses (its root included). The node's attach slots are
+        --max-volumes-per-node or what its instance type allows; every volume attached besides the root
+        (by this driver or not) takes one. None free -> LimitExceededError (RESOURCE_EXHAUSTED)."""
         used = [m["DeviceName"] for m in instance.get("BlockDeviceMappings", [])]
         root = instance.get("RootDeviceName", "")
-        if self._max_volumes and len([u for u in used if u != root]) >= self._max_volumes:
+        limit = self._max_volumes or attach_limit(instance.get("InstanceType", ""))
+        attached = len([u for u in used if u != root])
+        if attached >= limit:
+            source = (
+                "--max-volumes-per-node"
+                if self._max_volumes
+                else f"instance type {instance.get('InstanceType')}"
+            )
             raise LimitExceededError(
-                f"node {node_id} already has {self._max_volumes} volumes (--max-volumes-per-node)"
+                f"node {node_id} has no free attach slot: {attached} volumes attached, "
+                f"limit {limit} ({source})"
             )
         return [*used, root]
 

@@ -11,6 +11,7 @@ error codes mapped once).
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -25,7 +26,7 @@ from csi.backends.aws.coalesce import Coalescer, Modification
 from csi.backends.aws.devices import DeviceFinder
 from csi.backends.aws.ec2 import Backoff, Ec2
 from csi.backends.aws.health import EbsHealth
-from csi.backends.aws.metadata import Imds, Placement, resolve_placement
+from csi.backends.aws.metadata import Imds, Placement, free_attach_slots, resolve_placement
 from csi.backends.aws.snapshots import EbsSnapshots
 from csi.backends.aws.volumes import LIVE_VOLUME_STATES, VolumeCreator
 from csi.backends.aws.zones import Zones
@@ -50,6 +51,8 @@ if TYPE_CHECKING:
 DEFAULT_DRIVER_NAME = "ebs.csi.aws.com"
 # Volumes ListVolumes reports: made by this driver or by the in-tree plugin (its PV tag).
 LISTED_TAG_KEYS = [P.TAG_VOLUME_NAME, P.TAG_CREATED_FOR + "pv/name"]
+
+log = logging.getLogger("ballast.aws")
 
 
 def capabilities(zone_key: str, max_volumes: int, changed_blocks: bool) -> BackendCapabilities:
@@ -332,11 +335,19 @@ class AwsBackend(Backend):
         return self._placement
 
     def node_identity(self) -> NodeIdentity:
-        """Instance id, zone (both zone keys) and attach limit; overrides first, then IMDSv2."""
+        """Instance id, zone (both zone keys) and attach limit; overrides first, then IMDSv2. Without an
+        override the limit is recomputed on every call (free_attach_slots): NodeGetInfo reports the
+        slots free now, and kubelet re-reads it (CSIDriver nodeAllocatableUpdatePeriodSeconds)."""
         where = self._where()
+        max_volumes = where.max_volumes
+        if where.instance_type and self._imds is not None:
+            try:
+                max_volumes = free_attach_slots(self._imds, where.instance_type)
+            except FailedPreconditionError as exc:
+                log.warning("attach limit not recomputed, keeping %d: %s", max_volumes, exc)
         return NodeIdentity(
             node_id=where.node_id,
-            max_volumes=where.max_volumes,
+            max_volumes=max_volumes,
             topology=records.topology(self.zone_key, where.zone),
         )
 

@@ -116,6 +116,7 @@ class LocalBackend(LocalReporting, SnapshotOperations, Backend):
         self.node_id = node_id
         self.max_volumes = max_volumes_per_node or DEFAULT_MAX_VOLUMES
         self.volume_prefix = volume_prefix(driver_name)
+        self._params = params.Parameters(driver_name)
         self._segment = Segment(driver_name, zone, region)
         self.topology = self._segment.labels
         self.capabilities = capabilities(tuple(self.topology), self.max_volumes)
@@ -185,10 +186,10 @@ class LocalBackend(LocalReporting, SnapshotOperations, Backend):
             self._owner = None
 
     def validate_parameters(self, parameters: Mapping[str, str]) -> dict[str, str]:
-        return params.validate(parameters)
+        return self._params.validate(parameters)
 
     def validate_mutable_parameters(self, parameters: Mapping[str, str]) -> dict[str, str]:
-        return params.validate_mutable(parameters)
+        return self._params.validate_mutable(parameters)
 
     # ---- volumes
 
@@ -244,6 +245,7 @@ class LocalBackend(LocalReporting, SnapshotOperations, Backend):
         if row is not None:
             return self._existing(row, spec)
         self._check_room(options)
+        self._params.check_size(options.parameters, options.size_bytes)
         volume_id = new_id(self.volume_prefix)
         path = self.volume_path(volume_id)
         self._write_file(path, options)  # the file first: reconcile removes it if no record follows
