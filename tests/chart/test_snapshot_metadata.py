@@ -22,11 +22,11 @@ from tests.chart.render import (
     volumes,
 )
 from tests.chart.test_rbac import flatten, rule
+from tests.e2e.tools import versions
 
 SET = "snapshot-metadata"
-# The release the Go module proxy serves (github.com/kubernetes-csi/external-snapshot-metadata@v0.2.0);
-# the test bed builds the sidecar from the same version.
-RELEASE = "v0.2.0"
+# The release the test bed builds the sidecar from (scripts/k8s-versions.env): the chart pins the same.
+RELEASE = versions()["CSI_SNAPSHOT_METADATA_VERSION"]
 SIDECAR_NEEDS = {
     rule("cbt.storage.k8s.io", "snapshotmetadataservices", "get", "list", "watch"),
     rule("authentication.k8s.io", "tokenreviews", "create"),
@@ -50,6 +50,7 @@ def test_off_by_default_renders_nothing_of_it(set_id: str) -> None:
 def test_the_sidecar_runs_the_pinned_release_on_the_driver_socket_with_tls() -> None:
     deployment = only(render(SET), "Deployment")
     sidecar = containers(deployment)["csi-snapshot-metadata"]
+    assert RELEASE == "v0.2.0", "the release the Go module proxy serves"
     assert sidecar["image"] == f"registry.k8s.io/sig-storage/csi-snapshot-metadata:{RELEASE}"
     args = resolved_args(sidecar)
     assert flag_values(args, "--csi-address") == ["/csi/csi.sock"]
