@@ -17,6 +17,7 @@ from csi.backends.base import Backend, ContentSource, Disk, DiskOptions, SourceK
 from csi.capabilities import CRPC, Capabilities
 from csi.failures import FailedPreconditionError, InvalidParameterError, NotFoundError, OutOfRangeError
 from csi.filesystems import check_fs_type
+from csi.health_rpcs import ControllerHealthRPCs
 from csi.inflight import InFlight
 from csi.replies import snapshot_message, volume_message
 from csi.validation import (
@@ -39,7 +40,7 @@ def _check_fs_type(caps: list[csi_pb2.VolumeCapability]) -> None:
             check_fs_type(cap.mount.fs_type, "fs_type")
 
 
-class ControllerService(csi_pb2_grpc.ControllerServicer):
+class ControllerService(ControllerHealthRPCs, csi_pb2_grpc.ControllerServicer):
     def __init__(self, backend: Backend, caps: Capabilities, inflight: InFlight) -> None:
         self._backend = backend
         self._caps = caps
@@ -183,11 +184,6 @@ class ControllerService(csi_pb2_grpc.ControllerServicer):
             return []
         return [a.node_id for a in disk.attachments]
 
-    def _condition(self, disk: Disk) -> csi_pb2.VolumeCondition | None:
-        if CRPC.VOLUME_CONDITION not in self._caps.controller:
-            return None
-        return csi_pb2.VolumeCondition(abnormal=disk.condition.abnormal, message=disk.condition.message)
-
     def ListVolumes(
         self, request: csi_pb2.ListVolumesRequest, context: grpc.ServicerContext
     ) -> csi_pb2.ListVolumesResponse:
@@ -199,10 +195,7 @@ class ControllerService(csi_pb2_grpc.ControllerServicer):
         Entry, Status = csi_pb2.ListVolumesResponse.Entry, csi_pb2.ListVolumesResponse.VolumeStatus
         return csi_pb2.ListVolumesResponse(
             entries=[
-                Entry(
-                    volume=volume_message(d),
-                    status=Status(published_node_ids=self._published(d), volume_condition=self._condition(d)),
-                )
+                Entry(volume=volume_message(d), status=Status(published_node_ids=self._published(d)))
                 for d in page.items
             ],
             next_token=page.next_token,
@@ -269,7 +262,7 @@ class ControllerService(csi_pb2_grpc.ControllerServicer):
         Status = csi_pb2.ControllerGetVolumeResponse.VolumeStatus
         return csi_pb2.ControllerGetVolumeResponse(
             volume=volume_message(disk),
-            status=Status(published_node_ids=self._published(disk), volume_condition=self._condition(disk)),
+            status=Status(published_node_ids=self._published(disk)),
         )
 
     def ControllerModifyVolume(
@@ -290,16 +283,25 @@ class ControllerService(csi_pb2_grpc.ControllerServicer):
     def CreateSnapshot(
         self, request: csi_pb2.CreateSnapshotRequest, context: grpc.ServicerContext
     ) -> csi_pb2.CreateSnapshotResponse:
-        """Idempotent by name and source; same name, other source -> ALREADY_EXISTS."""
+        """Idempotent by name and source; same name, other source -> ALREADY_EXISTS. Requisite
+        topology the backend cannot serve -> RESOURCE_EXHAUSTED."""
         self._caps.require_controller(CRPC.CREATE_DELETE_SNAPSHOT, "CreateSnapshot")
         require(request.name, "name")
         check_string(request.name, "name")
         require(request.source_volume_id, "source_volume_id")
         check_map(request.parameters, "parameters")
-        with self._inflight.hold(f"snapshot:{request.name}"):
-            snap = self._backend.create_snapshot(
-                request.name, request.source_volume_id, strip_k8s_keys(request.parameters)
+        if request.HasField("accessibility_requirements") and not self._caps.snapshot_topology:
+            # spec: the field SHALL NOT be set unless SNAPSHOT_ACCESSIBILITY_CONSTRAINTS is advertised
+            raise InvalidParameterError(
+                "accessibility_requirements are not supported by this driver's backend"
             )
+        requisite = [dict(t.segments) for t in request.accessibility_requirements.requisite]
+        args = (request.name, request.source_volume_id, strip_k8s_keys(request.parameters))
+        with self._inflight.hold(f"snapshot:{request.name}"):
+            if requisite:
+                snap = self._backend.create_snapshot(*args, requisite=requisite)
+            else:
+                snap = self._backend.create_snapshot(*args)
         return csi_pb2.CreateSnapshotResponse(snapshot=snapshot_message(snap))
 
     def DeleteSnapshot(

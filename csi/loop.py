@@ -124,6 +124,24 @@ def _devices_for(st: os.stat_result) -> list[str]:
     return found
 
 
+def devices_of(backing_file: str) -> list[str]:
+    """Loop devices bound to `backing_file` now ([] when none, or the file is gone). Read-only."""
+    try:
+        return _devices_for(os.stat(backing_file))
+    except FileNotFoundError:
+        return []
+
+
+def bound_files() -> dict[tuple[int, int], list[str]]:
+    """Every bound loop device by its backing inode (st_dev, st_ino): one scan for many files."""
+    found: dict[tuple[int, int], list[str]] = {}
+    for device in _bound_devices():
+        info = _status(device)
+        if info is not None:
+            found.setdefault((info.lo_device, info.lo_inode), []).append(device)
+    return found
+
+
 def _stat_file(backing_file: str) -> os.stat_result:
     try:
         st = os.stat(backing_file)

@@ -49,6 +49,12 @@ BACKEND_OPERATIONS = (
     "get_group_snapshot",
     "resolve_device",
     "release_device",
+    "volume_health",
+    "list_volume_health",
+    "storage_health",
+    "find_device",
+    "snapshot_allocated",  # until the first range: the stream itself is timed per RPC
+    "snapshot_delta",
 )
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 

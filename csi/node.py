@@ -20,8 +20,10 @@ from csi.capabilities import NRPC, Capabilities
 from csi.config import Config
 from csi.failures import FailedPreconditionError, InvalidParameterError, NotFoundError, OutOfRangeError
 from csi.filesystems import VFS_FLAGS, check_fs_type, check_mount_flags, mkfs_argv
+from csi.health_rpcs import NodeHealthRPCs
 from csi.inflight import InFlight
 from csi.mount import Mounter
+from csi.nodehealth import NodeHealth
 from csi.publishing import Publication
 from csi.staging import Filesystem, Stager
 from csi.validation import (
@@ -66,7 +68,7 @@ def _existing_path(path: str) -> str:
     return path
 
 
-class NodeService(csi_pb2_grpc.NodeServicer):
+class NodeService(NodeHealthRPCs, csi_pb2_grpc.NodeServicer):
     def __init__(
         self,
         backend: Backend,
@@ -80,7 +82,9 @@ class NodeService(csi_pb2_grpc.NodeServicer):
         self._caps = caps
         self._inflight = inflight
         self._roots = config.node.allowed_roots
-        self.stager = Stager(backend, mounter or Mounter(), self._roots, config.node.format_concurrency)
+        mounter = mounter or Mounter()
+        self.stager = Stager(backend, mounter, self._roots, config.node.format_concurrency)
+        self.health = NodeHealth(backend, mounter, self._roots, self.stager)
 
     def staged_count(self) -> int:
         """Staged volumes on this node (for metrics)."""
@@ -171,8 +175,8 @@ class NodeService(csi_pb2_grpc.NodeServicer):
     def NodeGetVolumeStats(
         self, request: csi_pb2.NodeGetVolumeStatsRequest, context: grpc.ServicerContext
     ) -> csi_pb2.NodeGetVolumeStatsResponse:
-        """Bytes and inodes of a mounted volume, size of a block volume. Missing path -> NOT_FOUND;
-        a path that is not a mount of the volume -> OK with an abnormal VolumeCondition."""
+        """Bytes and inodes of a mounted volume, size of a block volume. A missing path, or one that
+        is not the volume's -> NOT_FOUND."""
         _check_volume_id(request.volume_id)
         path = _existing_path(request.volume_path)
         return replies.volume_stats(self.stager.stats(request.volume_id, path))

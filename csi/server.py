@@ -126,6 +126,17 @@ class Driver:
             csi_pb2_grpc.add_GroupControllerServicer_to_server(
                 GroupControllerService(backend, caps, self.inflight), self.server
             )
+        if caps.snapshot_metadata:
+            from csi.snapshot_metadata import MetadataSettings, SnapshotMetadataService
+
+            settings = MetadataSettings(
+                fixed=cfg.server.snapshot_metadata_block_type == "fixed",
+                block_size=cfg.server.snapshot_metadata_block_size
+                or backend.capabilities.metadata_block_size,
+            )
+            csi_pb2_grpc.add_SnapshotMetadataServicer_to_server(
+                SnapshotMetadataService(backend, settings), self.server
+            )
         if cfg.runs_node:
             from csi.node import NodeService
 

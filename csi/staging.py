@@ -49,11 +49,10 @@ class Filesystem(NamedTuple):
 
 
 class VolumeStats(NamedTuple):
-    """What NodeGetVolumeStats reports: a block size, a filesystem's usage, or why the path is wrong."""
+    """What NodeGetVolumeStats reports: a block device's size, or a filesystem's usage."""
 
     block_bytes: int = 0
     usage: devices.Usage | None = None
-    abnormal: str = ""
 
 
 @contextlib.contextmanager
@@ -111,6 +110,11 @@ class Stager:
         with self._lock:
             self._partitions[volume_id] = partition
         return target
+
+    def knows(self, volume_id: str) -> bool:
+        """True when this process staged or published the volume and has not unstaged it since."""
+        with self._lock:
+            return volume_id in self._staged_block or volume_id in self._partitions
 
     def known_device(self, volume_id: str) -> str:
         """The device (or partition) of a volume staged or published before, resolved again."""
@@ -255,22 +259,19 @@ class Stager:
     # ------------------------------------------------------------------ stats and expansion
 
     def stats(self, volume_id: str, path: str) -> VolumeStats:
-        """Size of the volume's device at a block path, or usage of its filesystem mounted at `path`."""
+        """Size of the volume's device at a block path, or usage of its filesystem mounted at `path`.
+        A path that is not the volume's device or a mount of it -> NotFoundError (spec: the volume does
+        not exist on that path); what is wrong with a volume is NodeGetVolumeHealth's to say."""
         with os_failures():
             device = self.known_device(volume_id)
             numbers = _block_numbers(path)
             if numbers is not None:
                 if not devices.belongs(numbers, device):
-                    return VolumeStats(abnormal=f"{path} is not the device of volume {volume_id}")
+                    raise NotFoundError(f"{path} is not the device of volume {volume_id}")
                 return VolumeStats(block_bytes=devices.device_size(path))
             mount = self._mounter.mount_at(path)
             if mount is None or not devices.belongs((mount.major, mount.minor), device):
-                return VolumeStats(abnormal=f"{path} is not a mount of volume {volume_id}")
-            if "ro" in mount.super_options and not mount.readonly:
-                return VolumeStats(
-                    usage=devices.usage(path),
-                    abnormal="the filesystem was remounted read-only (I/O or consistency errors)",
-                )
+                raise NotFoundError(f"{path} is not a mount of volume {volume_id}")
             return VolumeStats(usage=devices.usage(path))
 
     def expand(self, volume_id: str, path: str, required: int, block: bool) -> int:

@@ -15,6 +15,9 @@ from csi import failures, keys
 from csi.backends import base
 from csi.backends.base import ContentSource, DiskOptions, SourceKind
 from csi.backends.local import LocalBackend, files
+from csi.backends.local.health import Ledger
+from csi.backends.local.state import Store
+from csi.health import Status
 
 GiB, MiB = base.GiB, base.MiB
 DRIVER = "local.csi.ballast.dev"
@@ -336,15 +339,19 @@ def test_reconcile_removes_orphans_grows_torn_expands_and_flags_missing_files(da
     orphan = data / "volumes" / ("lv-" + "a" * 32 + ".img")
     orphan.write_bytes(b"interrupted create")
     (data / "snapshots" / ("ls-" + "b" * 32 + ".img")).write_bytes(b"x")
-    os.truncate(data / "volumes" / f"{kept.id}.img", MiB)  # expand recorded, file not yet grown
+    store = Store(str(data / "state.db"))
+    Ledger(store).begin_growth(kept.id, MiB)  # an expand from 1 MiB recorded, the file not yet grown
+    store.close()
+    os.truncate(data / "volumes" / f"{kept.id}.img", MiB)
     os.unlink(data / "volumes" / f"{gone.id}.img")
     be = open_backend(data)
     assert volume_files(data) == [f"{kept.id}.img"]
     assert os.listdir(data / "snapshots") == []
     assert os.stat(be.volume_path(kept.id)).st_size == 2 * MiB
-    assert be.get_volume(kept.id).condition.abnormal is False
-    cond = be.get_volume(gone.id).condition
-    assert cond.abnormal and "missing" in cond.message
+    assert be.volume_health(kept.id) == ()  # a torn expand lost nothing
+    assert [(i.status, i.reason) for i in be.volume_health(gone.id)] == [
+        (Status.INACCESSIBLE, "BackingFileMissing")
+    ]
     be.close()
 
 

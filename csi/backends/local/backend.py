@@ -6,11 +6,12 @@ any file is touched.
 
 Durability: a backing file is written before its record is committed, and a record is deleted before its
 file, so start-up reconciliation (startup.reconcile) can remove files without a record (an interrupted
-create or delete) and grow files shorter than their record (an interrupted expand). A record whose file
-vanished is reported as an abnormal condition.
+create or delete) and grow files shorter than their record (an interrupted expand, or lost data, which
+health.py then reports). A record whose file vanished is reported INACCESSIBLE.
 
 Parameters: params.py. Snapshots and group snapshots: snapshots.py. Loop devices (the node side):
-devices.py. What happens before a data dir is served: startup.py.
+devices.py. What happens before a data dir is served: startup.py. Health and changed blocks:
+reporting.py (health.py, cbt.py).
 """
 
 from __future__ import annotations
@@ -28,14 +29,14 @@ from csi.backends.base import (
     ContentSource,
     Disk,
     DiskOptions,
-    GroupSnapshot,
     NodeIdentity,
     Page,
-    Snapshot,
     SourceKind,
 )
 from csi.backends.local import files, params, records, startup
+from csi.backends.local.cbt import BLOCK_SIZE, LocalBlocks
 from csi.backends.local.devices import LoopDevices
+from csi.backends.local.health import LocalHealth
 from csi.backends.local.layout import (
     VOLUME_TOKEN,
     VOLUME_TOKEN_PREFIX,
@@ -44,7 +45,8 @@ from csi.backends.local.layout import (
     page_start,
     volume_prefix,
 )
-from csi.backends.local.snapshots import LocalSnapshots
+from csi.backends.local.reporting import LocalReporting
+from csi.backends.local.snapshots import LocalSnapshots, SnapshotOperations
 from csi.backends.local.state import AttachmentRow, NameTaken, Store, VolumeRow
 from csi.backends.local.topology import Segment
 from csi.failures import (
@@ -75,14 +77,19 @@ def capabilities(topology_keys: tuple[str, ...], max_volumes: int) -> BackendCap
         get_capacity=True,
         modify_volume=True,
         group_snapshots=True,
-        volume_condition=True,
+        volume_health=True,
+        node_volume_health=True,
+        storage_health=True,
+        snapshot_topology=True,
+        snapshot_metadata=True,
+        metadata_block_size=BLOCK_SIZE,
         single_node_multi_writer=True,
         topology_keys=topology_keys,
         max_volumes_per_node=max_volumes,
     )
 
 
-class LocalBackend(Backend):
+class LocalBackend(LocalReporting, SnapshotOperations, Backend):
     """Volumes of one data dir. Build it with `open` (or `from_config`); the constructor has no side
     effects and takes the already opened state."""
 
@@ -115,7 +122,9 @@ class LocalBackend(Backend):
         self.capabilities = capabilities(tuple(self.topology), self.max_volumes)
         self._devices = LoopDevices(loop)
         self._locks = KeyedLocks()
-        self._snapshots = LocalSnapshots(layout, store, self._locks)
+        self._snapshots = LocalSnapshots(layout, store, self._locks, self._segment)
+        self.health = LocalHealth(layout, store)
+        self.blocks = LocalBlocks(layout, store)
 
     @classmethod
     def open(cls, data_dir: str, *, reconcile: bool = True, **options: Any) -> Self:
@@ -296,6 +305,7 @@ class LocalBackend(Backend):
                 used = self.store.provisioned_bytes()
                 if used - row.size + size_bytes > self.capacity_limit:
                     raise OutOfRangeError(f"growing to {size_bytes} bytes would exceed the --capacity limit")
+            self.health.ledger.begin_growth(volume_id, row.size)  # start-up: a torn expand lost nothing
             self.store.set_size(volume_id, size_bytes)  # record first: reconcile finishes a torn expand
             try:
                 files.grow(path, size_bytes)
@@ -304,6 +314,8 @@ class LocalBackend(Backend):
             except OutOfRangeError:
                 self.store.set_size(volume_id, row.size)  # the file cannot grow that far: undo the record
                 raise
+            finally:
+                self.health.ledger.end_growth(volume_id)
             return size_bytes
 
     def modify_volume(self, volume_id: str, mutable_parameters: Mapping[str, str]) -> Disk:
@@ -339,38 +351,6 @@ class LocalBackend(Backend):
     def detach(self, volume_id: str, node_id: str) -> None:
         self._row(volume_id)
         self.store.detach(volume_id, node_id)
-
-    # ---- snapshots (snapshots.py)
-
-    def create_snapshot(self, name: str, source_volume_id: str, parameters: Mapping[str, str]) -> Snapshot:
-        return self._snapshots.create(name, source_volume_id, parameters)
-
-    def delete_snapshot(self, snapshot_id: str) -> None:
-        self._snapshots.delete(snapshot_id)
-
-    def get_snapshot(self, snapshot_id: str) -> Snapshot:
-        return self._snapshots.get(snapshot_id)
-
-    def list_snapshots(
-        self,
-        *,
-        snapshot_id: str = "",
-        source_volume_id: str = "",
-        max_entries: int = 0,
-        starting_token: str = "",
-    ) -> Page[Snapshot]:
-        return self._snapshots.page(snapshot_id, source_volume_id, max_entries, starting_token)
-
-    def create_group_snapshot(
-        self, name: str, volume_ids: Sequence[str], parameters: Mapping[str, str]
-    ) -> GroupSnapshot:
-        return self._snapshots.create_group(name, volume_ids, parameters)
-
-    def delete_group_snapshot(self, group_id: str) -> None:
-        self._snapshots.delete_group(group_id)
-
-    def get_group_snapshot(self, group_id: str) -> GroupSnapshot:
-        return self._snapshots.get_group(group_id)
 
     # ---- node side
 

@@ -146,3 +146,26 @@ def free_bytes(directory: str) -> int:
     """Bytes an unprivileged writer may still allocate on the filesystem holding `directory`."""
     st = os.statvfs(directory)
     return st.f_bavail * st.f_frsize
+
+
+def can_reflink(directory: str) -> bool:
+    """Whether files in `directory` can share blocks (FICLONE): tried on two scratch files there, which
+    are removed again (start-up reconciliation removes any a crash leaves)."""
+    src = os.path.join(directory, f".reflink-probe-{os.getpid()}-a")
+    dst = os.path.join(directory, f".reflink-probe-{os.getpid()}-b")
+    try:
+        src_fd = os.open(src, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.pwrite(src_fd, b"\0" * 4096, 0)
+            dst_fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                return _reflink(src_fd, dst_fd)
+            finally:
+                os.close(dst_fd)
+        finally:
+            os.close(src_fd)
+    except OSError:
+        return False
+    finally:
+        remove(src)
+        remove(dst)

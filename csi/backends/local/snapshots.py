@@ -2,7 +2,9 @@
 (files.copy), recorded in the state database. The contracts are those of csi.backends.base.Backend.
 
 A snapshot file is written before its record is committed, and on a lost name race it is removed again,
-so start-up reconciliation never meets a snapshot record without its file.
+so start-up reconciliation never meets a snapshot record without its file. Snapshots live in the data
+dir of their volume, so they are restorable in its topology segment only (Snapshot.topology); a
+CreateSnapshot whose requisite topology names another segment -> OutOfCapacityError.
 """
 
 from __future__ import annotations
@@ -25,19 +27,9 @@ from csi.backends.local.layout import (
     page_start,
 )
 from csi.backends.local.state import GroupRow, NameTaken, SnapshotRow, Store
+from csi.backends.local.topology import Segment
 from csi.failures import AlreadyExistsError, FailedPreconditionError, InvalidParameterError, NotFoundError
 from csi.keylocks import KeyedLocks
-
-
-def snapshot_record(row: SnapshotRow) -> Snapshot:
-    return Snapshot(
-        id=row.id,
-        name=row.name,
-        source_volume_id=row.source_volume_id,
-        size_bytes=row.size,
-        created_at=row.created,
-        group_id=row.group_id,
-    )
 
 
 def _no_parameters(what: str, parameters: Mapping[str, str]) -> None:
@@ -50,20 +42,39 @@ def _no_parameters(what: str, parameters: Mapping[str, str]) -> None:
 class LocalSnapshots:
     """Snapshot operations over one data dir; `locks` are the backend's per-volume locks."""
 
-    def __init__(self, layout: Layout, store: Store, locks: KeyedLocks) -> None:
+    def __init__(self, layout: Layout, store: Store, locks: KeyedLocks, segment: Segment) -> None:
         self._layout = layout
         self._store = store
         self._locks = locks
+        self._segment = segment
 
-    def create(self, name: str, source_volume_id: str, parameters: Mapping[str, str]) -> Snapshot:
+    def _record(self, row: SnapshotRow) -> Snapshot:
+        return Snapshot(
+            id=row.id,
+            name=row.name,
+            source_volume_id=row.source_volume_id,
+            size_bytes=row.size,
+            created_at=row.created,
+            group_id=row.group_id,
+            topology=(dict(self._segment.labels),),
+        )
+
+    def create(
+        self,
+        name: str,
+        source_volume_id: str,
+        parameters: Mapping[str, str],
+        requisite: Sequence[Mapping[str, str]] = (),
+    ) -> Snapshot:
         _no_parameters("snapshot", parameters)
+        self._segment.check_requisite(requisite)
         existing = self._store.snapshot_by_name(name)
         if existing is not None:
             if existing.source_volume_id != source_volume_id:
                 raise AlreadyExistsError(
                     f"snapshot {name!r} already exists for volume {existing.source_volume_id}"
                 )
-            return snapshot_record(existing)
+            return self._record(existing)
         src = self._layout.volume_file(source_volume_id)
         snapshot_id = new_id(SNAPSHOT_PREFIX)
         dst = self._layout.snapshot_file(snapshot_id)
@@ -78,8 +89,8 @@ class LocalSnapshots:
             self._store.insert_snapshots([snap])
         except NameTaken:
             files.remove(dst)
-            return self.create(name, source_volume_id, parameters)
-        return snapshot_record(snap)
+            return self.create(name, source_volume_id, parameters, requisite)
+        return self._record(snap)
 
     def delete(self, snapshot_id: str) -> None:
         path = self._layout.snapshot_file(snapshot_id)
@@ -98,7 +109,7 @@ class LocalSnapshots:
         row = self._store.snapshot(snapshot_id)
         if row is None:
             raise NotFoundError(f"snapshot {snapshot_id} not found")
-        return snapshot_record(row)
+        return self._record(row)
 
     def page(
         self, snapshot_id: str, source_volume_id: str, max_entries: int, starting_token: str
@@ -117,12 +128,12 @@ class LocalSnapshots:
         more = bool(max_entries) and len(rows) > max_entries
         rows = rows[:max_entries] if max_entries else rows
         token = f"{SNAPSHOT_TOKEN_PREFIX}{rows[-1].seq}" if more else ""
-        return Page(items=tuple(snapshot_record(r) for r in rows), next_token=token)
+        return Page(items=tuple(self._record(r) for r in rows), next_token=token)
 
     # ---- group snapshots
 
     def _group(self, group: GroupRow) -> GroupSnapshot:
-        members = tuple(snapshot_record(r) for r in self._store.group_members(group.id))
+        members = tuple(self._record(r) for r in self._store.group_members(group.id))
         return GroupSnapshot(id=group.id, name=group.name, snapshots=members, created_at=group.created)
 
     def create_group(
@@ -183,3 +194,45 @@ class LocalSnapshots:
         if group is None:
             raise NotFoundError(f"group snapshot {group_id!r} not found")
         return self._group(group)
+
+
+class SnapshotOperations:
+    """The snapshot operations of the Backend interface, delegated to the backend's LocalSnapshots."""
+
+    _snapshots: LocalSnapshots
+
+    def create_snapshot(
+        self,
+        name: str,
+        source_volume_id: str,
+        parameters: Mapping[str, str],
+        requisite: Sequence[Mapping[str, str]] = (),
+    ) -> Snapshot:
+        return self._snapshots.create(name, source_volume_id, parameters, requisite)
+
+    def delete_snapshot(self, snapshot_id: str) -> None:
+        self._snapshots.delete(snapshot_id)
+
+    def get_snapshot(self, snapshot_id: str) -> Snapshot:
+        return self._snapshots.get(snapshot_id)
+
+    def list_snapshots(
+        self,
+        *,
+        snapshot_id: str = "",
+        source_volume_id: str = "",
+        max_entries: int = 0,
+        starting_token: str = "",
+    ) -> Page[Snapshot]:
+        return self._snapshots.page(snapshot_id, source_volume_id, max_entries, starting_token)
+
+    def create_group_snapshot(
+        self, name: str, volume_ids: Sequence[str], parameters: Mapping[str, str]
+    ) -> GroupSnapshot:
+        return self._snapshots.create_group(name, volume_ids, parameters)
+
+    def delete_group_snapshot(self, group_id: str) -> None:
+        self._snapshots.delete_group(group_id)
+
+    def get_group_snapshot(self, group_id: str) -> GroupSnapshot:
+        return self._snapshots.get_group(group_id)

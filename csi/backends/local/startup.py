@@ -12,7 +12,9 @@ changes anything in the data dir.
 
 `reconcile(layout, store)` finishes what a crash interrupted: a backing file is written before its
 record is committed and a record deleted before its file, so files without a record are removed
-(an interrupted create or delete) and files shorter than their record are grown (an interrupted expand).
+(an interrupted create or delete) and files shorter than their record are grown. A file still at the
+size an expand in progress started from (the ledger's growth intent) lost nothing; any other short file
+lost data, and its volume is marked DATA_LOSS (health.py) before it is grown.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import sqlite3
 import urllib.parse
 
 from csi.backends.local import files
+from csi.backends.local.health import Ledger
 from csi.backends.local.layout import SNAPSHOT_ID, VOLUME_ID, Layout
 from csi.backends.local.state import Store
 from csi.failures import FailedPreconditionError, OutOfRangeError
@@ -104,7 +107,8 @@ def check_state(layout: Layout) -> None:
 
 
 def reconcile(layout: Layout, store: Store) -> None:
-    """Remove backing files without a committed record; grow files shorter than their record."""
+    """Remove backing files without a committed record; grow files shorter than their record, marking
+    the ones that lost data."""
     for directory, known, pattern in (
         (layout.volumes_dir, store.volume_ids(), VOLUME_ID),
         (layout.snapshots_dir, store.snapshot_ids(), SNAPSHOT_ID),
@@ -113,11 +117,16 @@ def reconcile(layout: Layout, store: Store) -> None:
             stem = layout.id_of(entry)
             if not (entry != stem and pattern.fullmatch(stem) and stem in known):
                 files.remove(os.path.join(directory, entry))
+    ledger = Ledger(store)
+    growing = ledger.growth()
     for row in store.volumes():
         path = layout.volume_file(row.id)
         size = files.size_of(path)
         if size is not None and size < row.size:
+            if growing.get(row.id) != size:
+                ledger.mark_short(row.id, size, row.size)
             try:
                 files.grow(path, row.size)
             except OutOfRangeError:  # an expand past the largest file, torn before its undo
                 store.set_size(row.id, size)
+    ledger.settle()
