@@ -3,6 +3,7 @@
 Contracts:
 - `attach(file)` returns the /dev/loopN already backed by `file` (same st_dev/st_ino), or binds a free
   one (LOOP_CTL_GET_FREE + LOOP_CONFIGURE; autoclear off, direct I/O off, partition scan on). Idempotent.
+- `bound(file)` is the device already bound to `file`, or None; it never binds one.
 - `detach_file(file)` unbinds every loop device backed by `file`. Idempotent: none -> no-op. A device
   still open elsewhere (mounted) is unbound by the kernel when its last user closes it.
 - `backing_file(dev)` / `device_size(dev)` / `refresh_capacity(dev)` inspect or resize one device
@@ -46,7 +47,7 @@ SYS_BLOCK = "/sys/block"
 _LOOP_NAME = re.compile(r"^loop\d+$")
 _CONFIGURE_RETRIES = 16
 
-__all__ = ["attach", "backing_file", "detach_file", "device_size", "refresh_capacity"]
+__all__ = ["attach", "backing_file", "bound", "detach_file", "device_size", "refresh_capacity"]
 
 # Serialises attach/detach inside this process so two callers never bind one file twice.
 _lock = threading.Lock()
@@ -145,6 +146,16 @@ def attach(backing_file: str) -> str:
             return _attach_ioctl(backing_file)
         except _Fallback:
             return _losetup("--find", "--show", "--partscan", backing_file, doing=f"attach {backing_file}")
+
+
+def bound(backing_file: str) -> str | None:
+    """The loop device already bound to `backing_file`, or None (a missing file has none). Binds nothing."""
+    try:
+        st = os.stat(backing_file)
+    except FileNotFoundError:
+        return None
+    existing = _devices_for(st)
+    return existing[0] if existing else None
 
 
 def _attach_ioctl(backing_file: str) -> str:

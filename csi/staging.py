@@ -112,11 +112,16 @@ class Stager:
             self._partitions[volume_id] = partition
         return target
 
-    def known_device(self, volume_id: str) -> str:
-        """The device (or partition) of a volume staged or published before, resolved again."""
-        with self._lock:
-            partition = self._partitions.get(volume_id, 0)
-        return devices.partition_path(self._backend.resolve_device(volume_id, {}), partition)
+    def prepared_device(self, volume_id: str, partition: int | None = None) -> str:
+        """The device (or partition) a stage already prepared; never prepares one, so a read or a
+        refusal leaves the host as it was. Not prepared on this host -> NotFoundError."""
+        device = self._backend.prepared_device(volume_id)
+        if device is None:
+            raise NotFoundError(f"volume {volume_id} is not staged on this node")
+        if partition is None:
+            with self._lock:
+                partition = self._partitions.get(volume_id, 0)
+        return devices.partition_path(device, partition)
 
     def _release_if_unused(self, volume_id: str, device: str) -> None:
         """After a failed stage: release the device unless a mount still uses it."""
@@ -230,22 +235,34 @@ class Stager:
 
     # ------------------------------------------------------------------ publish
 
-    def publish(
-        self, volume_id: str, publish_context: Mapping[str, str], partition: int, pub: Publication
-    ) -> None:
-        """Bind the staged filesystem (mount access) or the device node (block access) onto the target."""
+    def publish(self, volume_id: str, partition: int, pub: Publication) -> None:
+        """Bind the staged filesystem (mount access) or the staged device node (block access) onto the
+        target. Unknown volume -> NotFoundError; not staged -> FailedPreconditionError; neither prepares
+        anything."""
         with os_failures():
             if pub.block:
-                device = self.device(volume_id, publish_context, partition)
+                device = self._staged_block_device(volume_id, partition)
                 source = Source(device, *devices.devtmpfs_numbers(device))
             else:
                 staged = self._mounter.mount_at(pub.staging)
                 if staged is None:
+                    self._backend.prepared_device(volume_id)  # an unknown volume -> NotFoundError
                     raise FailedPreconditionError(
                         f"volume {volume_id} is not staged at {pub.staging}; call NodeStageVolume first"
                     )
                 source = Source(pub.staging, (staged.major, staged.minor), staged.root)
             self.publisher.publish(volume_id, source, pub)
+
+    def _staged_block_device(self, volume_id: str, partition: int) -> str:
+        try:
+            device = self.prepared_device(volume_id, partition)
+        except NotFoundError:
+            raise FailedPreconditionError(
+                f"volume {volume_id} is not staged on this node; call NodeStageVolume first"
+            ) from None
+        if not devices.is_block_device(device):
+            raise FailedPreconditionError(f"partition {partition} of volume {volume_id} is not staged")
+        return device
 
     def unpublish(self, target: str) -> None:
         """Unmount the target and remove it. Not mounted or missing -> OK."""
@@ -254,10 +271,10 @@ class Stager:
 
     # ------------------------------------------------------------------ stats and expansion
 
-    def stats(self, volume_id: str, path: str) -> VolumeStats:
-        """Size of the volume's device at a block path, or usage of its filesystem mounted at `path`."""
+    def stats(self, volume_id: str, device: str, path: str) -> VolumeStats:
+        """Size of the volume's (prepared) device at a block path, or usage of its filesystem mounted
+        at `path`."""
         with os_failures():
-            device = self.known_device(volume_id)
             numbers = _block_numbers(path)
             if numbers is not None:
                 if not devices.belongs(numbers, device):
@@ -273,11 +290,11 @@ class Stager:
                 )
             return VolumeStats(usage=devices.usage(path))
 
-    def expand(self, volume_id: str, path: str, required: int, block: bool) -> int:
-        """Grow the filesystem mounted at `path` to its (already expanded) device; returns the device
-        size (block access: just the size). A device smaller than `required` -> OutOfRangeError."""
+    def expand(self, volume_id: str, device: str, path: str, required: int, block: bool) -> int:
+        """Grow the filesystem mounted at `path` to its (already expanded and prepared) device; returns
+        the device size (block access: just the size). A device smaller than `required` ->
+        OutOfRangeError."""
         with os_failures():
-            device = self.known_device(volume_id)  # resolve_device refreshes the device size
             size = devices.device_size(device)
             if required > size:
                 raise OutOfRangeError(

@@ -304,5 +304,15 @@ class Backend(abc.ABC):
         Idempotent (an already prepared device is reused). Missing volume -> NotFoundError. A device that
         cannot be proven to be the volume -> FailedPreconditionError; never a guess."""
 
+    def prepared_device(self, volume_id: str) -> str | None:
+        """The device resolve_device already prepared for `volume_id` on this host, verified as there,
+        or None when there is none. Never prepares one: reads and refusals (stats, node expand) use it so
+        that they change nothing. Missing volume -> NotFoundError. The default suits backends whose
+        resolve_device changes nothing on the host; a backend that attaches in resolve_device overrides it."""
+        try:
+            return self.resolve_device(volume_id, {})
+        except NotFoundError:
+            return None
+
     def release_device(self, volume_id: str) -> None:  # noqa: B027 - optional hook
         """Undo node-side preparation done by resolve_device (e.g. detach a loop device). Idempotent."""

@@ -380,5 +380,10 @@ class LocalBackend(Backend):
         path = self.volume_path(volume_id)
         return self._devices.resolve(volume_id, path, self._row(volume_id).size, publish_context)
 
+    def prepared_device(self, volume_id: str) -> str | None:
+        """The loop device already bound over the volume's file, or None; binds nothing."""
+        path = self.volume_path(volume_id)
+        return self._devices.prepared(volume_id, path, self._row(volume_id).size)
+
     def release_device(self, volume_id: str) -> None:
         self._devices.release(self.volume_path(volume_id))
