@@ -34,6 +34,7 @@ from csi.failures import (
 from csi.filesystems import EXT_TYPES, FS_TYPES
 from csi.mount import Mounter, MountInfo, OnlineGrowthDenied
 from csi.publishing import Publication, Publisher, Source
+from shim import failpoints
 
 GROW_SLACK = 1024**2  # grow at stage only when the device exceeds the filesystem by more than this
 
@@ -147,6 +148,7 @@ class Stager:
     ) -> None:
         """Prepare the device and, for mount access (`fs` given), mount its filesystem at `staging`."""
         device = self.device(volume_id, publish_context, partition)
+        failpoints.hit("node.stage.device-ready")
         if fs is None:
             with self._lock:
                 self._staged_block.add(volume_id)
@@ -181,6 +183,7 @@ class Stager:
         if fs_type == "xfs" and "nouuid" not in mount_flags:
             mount_flags.append("nouuid")  # a restored snapshot or clone shares its source's UUID
         self._mounter.mount(device, staging, fs_type, mount_flags)
+        failpoints.hit("node.stage.mounted")
         if grow:  # xfs grows only while mounted
             self._mounter.grow(device, staging, fs_type)
 
@@ -192,6 +195,7 @@ class Stager:
             if fs.readonly:
                 raise FailedPreconditionError(f"{device} has no filesystem and cannot be formatted read-only")
             self._mounter.mkfs(device, fs.fs_type, fs.options)
+            failpoints.hit("node.stage.formatted")
             return fs.fs_type, False
         if not probe.fs_type:
             raise FailedPreconditionError(
@@ -212,8 +216,10 @@ class Stager:
         if grow and fs_type in EXT_TYPES:  # offline: a full check, then resize2fs
             self._mounter.fsck(device, fs_type, full=True)
             self._mounter.grow(device, staging, fs_type)
-            return fs_type, False
-        self._mounter.fsck(device, fs_type)
+            grow = False
+        else:
+            self._mounter.fsck(device, fs_type)
+        failpoints.hit("node.stage.checked")
         return fs_type, grow
 
     def unstage(self, volume_id: str, staging: str) -> None:
@@ -227,6 +233,7 @@ class Stager:
                         f"volume {volume_id} is still published at {others[0]}; unpublish it first"
                     )
                 self.publisher.peel(staging)
+                failpoints.hit("node.unstage.unmounted")
             with contextlib.suppress(NotFoundError):
                 self._backend.release_device(volume_id)
             with self._lock:
@@ -315,6 +322,7 @@ class Stager:
             except OnlineGrowthDenied as exc:
                 # csi-rules: a filesystem that cannot grow while published is FAILED_PRECONDITION
                 raise FailedPreconditionError(str(exc)) from exc
+            failpoints.hit("node.expand.grown")
             return size
 
 

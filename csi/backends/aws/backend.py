@@ -37,6 +37,7 @@ from csi.backends.base import (
     Snapshot,
 )
 from csi.failures import DriverError, FailedPreconditionError
+from shim import failpoints
 
 if TYPE_CHECKING:
     from csi.config import Config
@@ -177,6 +178,7 @@ class AwsBackend(Backend):
     def delete_volume(self, volume_id: str) -> None:
         """Missing -> NotFoundError; attached -> FailedPreconditionError."""
         self.ec2.call("delete_volume", VolumeId=P.volume_id(volume_id))
+        failpoints.hit("aws.delete.requested")
 
     def get_volume(self, volume_id: str) -> Disk:
         return self._disk(self.ec2.describe_volume(P.volume_id(volume_id)))

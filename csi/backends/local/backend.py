@@ -25,16 +25,14 @@ from csi import keys
 from csi.backends.base import (
     Backend,
     BackendCapabilities,
-    ContentSource,
     Disk,
     DiskOptions,
     GroupSnapshot,
     NodeIdentity,
     Page,
     Snapshot,
-    SourceKind,
 )
-from csi.backends.local import files, params, records, startup
+from csi.backends.local import contents, files, params, records, startup
 from csi.backends.local.devices import LoopDevices
 from csi.backends.local.layout import (
     VOLUME_TOKEN,
@@ -55,6 +53,7 @@ from csi.failures import (
     OutOfRangeError,
 )
 from csi.keylocks import KeyedLocks
+from shim import failpoints
 
 if TYPE_CHECKING:
     from csi.config import Config
@@ -197,38 +196,6 @@ class LocalBackend(Backend):
                 f"--capacity limit {self.capacity_limit} left"
             )
 
-    def _source_file(self, source: ContentSource, size: int) -> tuple[str, str]:
-        """(path, volume id to lock) of a content source; missing -> NotFound, bigger -> OutOfRange."""
-        if source.kind is SourceKind.SNAPSHOT:
-            path = self.layout.snapshot_file(source.id)
-            snap = self.store.snapshot(source.id)
-            if snap is None:
-                raise NotFoundError(f"source snapshot {source.id} not found")
-            src_size, lock = snap.size, ""
-        else:
-            row = self._row(source.id)
-            path, src_size, lock = self.volume_path(source.id), row.size, source.id
-        if src_size > size:
-            raise OutOfRangeError(
-                f"source {source.kind.value} {source.id} is {src_size} bytes, "
-                f"larger than the requested {size}"
-            )
-        return path, lock
-
-    def _write_file(self, path: str, options: DiskOptions) -> None:
-        """The new volume's backing file: sparse, or a copy of its content source."""
-        if options.source is None:
-            files.create_sparse(path, options.size_bytes)
-            return
-        src, lock = self._source_file(options.source, options.size_bytes)
-        with self._locks.hold(*([lock] if lock else [])):
-            try:
-                files.copy(src, path, options.size_bytes)
-            except FileNotFoundError as exc:
-                raise FailedPreconditionError(
-                    f"the backing file of source {options.source.id} is missing"
-                ) from exc
-
     def create_volume(self, name: str, options: DiskOptions) -> Disk:
         spec = records.spec(options)
         row = self.store.volume_by_name(name)
@@ -237,7 +204,10 @@ class LocalBackend(Backend):
         self._check_room(options)
         volume_id = new_id(self.volume_prefix)
         path = self.volume_path(volume_id)
-        self._write_file(path, options)  # the file first: reconcile removes it if no record follows
+        written, recorded = contents.CREATE_FAILPOINTS[options.source.kind if options.source else None]
+        # the file first: reconcile removes it if no record follows
+        contents.write_volume_file(self.layout, self.store, self._locks, path, options)
+        failpoints.hit(written)
         try:
             row = self.store.insert_volume(
                 volume_id,
@@ -259,13 +229,16 @@ class LocalBackend(Backend):
                     f"volume {name!r} is being created and deleted concurrently"
                 ) from None
             return self._existing(winner, spec)
+        failpoints.hit(recorded)
         return self._disk(row)
 
     def delete_volume(self, volume_id: str) -> None:
         path = self.volume_path(volume_id)
         with self._locks.hold(volume_id):
             self.store.delete_volume(volume_id)
+            failpoints.hit("local.delete.recorded")
             files.remove(path)
+            failpoints.hit("local.delete.removed")
 
     def _disk(self, row: VolumeRow, attachments: Sequence[AttachmentRow] | None = None) -> Disk:
         if attachments is None:
@@ -295,6 +268,7 @@ class LocalBackend(Backend):
                 if used - row.size + size_bytes > self.capacity_limit:
                     raise OutOfRangeError(f"growing to {size_bytes} bytes would exceed the --capacity limit")
             self.store.set_size(volume_id, size_bytes)  # record first: reconcile finishes a torn expand
+            failpoints.hit("local.expand.recorded")
             try:
                 files.grow(path, size_bytes)
             except FileNotFoundError as exc:
@@ -302,6 +276,7 @@ class LocalBackend(Backend):
             except OutOfRangeError:
                 self.store.set_size(volume_id, row.size)  # the file cannot grow that far: undo the record
                 raise
+            failpoints.hit("local.expand.grown")
             return size_bytes
 
     def modify_volume(self, volume_id: str, mutable_parameters: Mapping[str, str]) -> Disk:
@@ -332,11 +307,13 @@ class LocalBackend(Backend):
             raise AlreadyExistsError(
                 f"volume {volume_id} is already published to {node_id} with readonly={not readonly}"
             ) from None
+        failpoints.hit("local.attach.recorded")
         return {keys.PC_VOLUME_FILE: path}
 
     def detach(self, volume_id: str, node_id: str) -> None:
         self._row(volume_id)
         self.store.detach(volume_id, node_id)
+        failpoints.hit("local.detach.recorded")
 
     # ---- snapshots (snapshots.py)
 

@@ -27,6 +27,7 @@ from csi.backends.local.layout import (
 from csi.backends.local.state import GroupRow, NameTaken, SnapshotRow, Store
 from csi.failures import AlreadyExistsError, FailedPreconditionError, InvalidParameterError, NotFoundError
 from csi.keylocks import KeyedLocks
+from shim import failpoints
 
 
 def snapshot_record(row: SnapshotRow) -> Snapshot:
@@ -74,11 +75,13 @@ class LocalSnapshots:
             except FileNotFoundError as exc:
                 raise FailedPreconditionError(f"the backing file of {source_volume_id} is missing") from exc
             snap = SnapshotRow(0, snapshot_id, name, source_volume_id, row.size, time.time(), "")
+        failpoints.hit("local.snapshot.file-written")
         try:
             self._store.insert_snapshots([snap])
         except NameTaken:
             files.remove(dst)
             return self.create(name, source_volume_id, parameters)
+        failpoints.hit("local.snapshot.recorded")
         return snapshot_record(snap)
 
     def delete(self, snapshot_id: str) -> None:
