@@ -11,7 +11,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,15 +76,18 @@ def start_driver(
     node_id: str = NODE_ID,
     timeout: float = 30,
     env: Mapping[str, str] | None = None,
+    wrapper: Sequence[str] = (),
 ) -> Driver:
     """Start `ballast-csi` on `<workdir>/csi.sock` with the local backend in `<workdir>/data` (or
     `data_dir`), staging/target paths allowed under `workdir`, with `env` added to this process's
-    environment. Returns once Probe answers ready."""
+    environment, run by `wrapper` when given (e.g. strace and its options). Returns once Probe answers
+    ready."""
     workdir.mkdir(parents=True, exist_ok=True)
     sock = workdir / "csi.sock"
     data = data_dir or workdir / "data"
     log = workdir / "driver.log"
     argv = [
+        *wrapper,
         str(DRIVER),
         "--endpoint", f"unix://{sock}",
         "--data-dir", str(data),
