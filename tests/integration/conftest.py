@@ -8,6 +8,7 @@ after removing them (so a failing test never leaks into the next one).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import struct
 from collections.abc import Iterator
@@ -17,7 +18,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from csi import loop
+from csi import freeze, loop
 from csi._proto import csi_pb2
 from csi.backends.base import DiskOptions
 from csi.config import parse_args
@@ -183,6 +184,8 @@ def force_clean(tmp: Path, data_dir: Path) -> None:
     mounter = Mounter()
     mounts, loops = leftovers(tmp, data_dir)
     for point in sorted(mounts, key=len, reverse=True):
+        with contextlib.suppress(OSError):
+            freeze.thaw(point)  # an unmounted frozen filesystem would keep its loop device for good
         for _ in range(8):
             if not mounter.unmount(point):
                 break

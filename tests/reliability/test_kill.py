@@ -21,6 +21,7 @@ from typing import Any
 import grpc
 import pytest
 
+from csi import freeze
 from csi._proto import csi_pb2
 from csi.mount import Mounter
 from tests.conformance.driver import NODE_ID
@@ -409,6 +410,45 @@ def _with_data(w: World) -> None:
     volume(w, "v", data=True)
 
 
+def _two_published(w: World) -> None:
+    """Two volumes with data, staged and published: a group snapshot must freeze both."""
+    for label in ("a", "b"):
+        vid = with_files(w, label)
+        stage(w, vid)
+        publish(w, vid)
+        w.volumes.setdefault("v", vid)
+
+
+def _group(w: World) -> tuple[str, str, Any]:
+    req = csi_pb2.CreateVolumeGroupSnapshotRequest(
+        name="k-group", source_volume_ids=[w.volumes["a"], w.volumes["b"]]
+    )
+    return "group", "CreateVolumeGroupSnapshot", req
+
+
+def _group_check(w: World) -> None:
+    """One group of two members, each the copy of its volume; the filesystems are thawed (a killed
+    driver left them frozen; the restarted one thawed them)."""
+    st = assert_consistent(w.data)
+    groups = set()
+    for label in ("a", "b"):
+        vid = w.volumes[label]
+        snaps = w.client.controller.ListSnapshots(
+            csi_pb2.ListSnapshotsRequest(source_volume_id=vid), timeout=30
+        ).entries
+        assert len(snaps) == 1, f"{len(snaps)} snapshots of {label}"
+        groups.add(snaps[0].snapshot.group_snapshot_id)
+        assert not frozen(w.target(vid)), f"{w.target(vid)} was left frozen"
+        file_digest_at(w, vid, label)
+    assert len(groups) == 1 and "" not in groups and len(st.snapshot_rows) == 2
+
+
+def frozen(path: str) -> bool:
+    """True when the filesystem at `path` was frozen (it is thawed now: the caller fails anyway)."""
+    return freeze.thaw(path)
+
+
+GROUP = Scenario(_two_published, _group, _group_check)
 CREATE = Scenario(lambda w: None, _create, _one_volume_named("k-new"))
 CLONE = Scenario(_source, _clone, _copy_check("k-copy"))
 RESTORE = Scenario(_with_snapshot, _restore, _copy_check("k-copy"))
@@ -428,6 +468,9 @@ SCENARIOS: dict[str, Scenario] = {
     "local.restore.recorded": RESTORE,
     "local.snapshot.file-written": SNAPSHOT,
     "local.snapshot.recorded": SNAPSHOT,
+    "local.group-snapshot.frozen": GROUP,
+    "local.group-snapshot.member-copied": GROUP,
+    "local.group-snapshot.recorded": GROUP,
     "local.attach.recorded": Scenario(_blank, _cpublish, _cpublish_check),
     "local.detach.recorded": Scenario(_attached_blank, _cunpublish, _cunpublish_check),
     "local.expand.recorded": EXPAND,
@@ -454,7 +497,12 @@ def teardown(w: World) -> None:
         unstage(w, vid)
     c = w.client.controller
     for e in c.ListSnapshots(csi_pb2.ListSnapshotsRequest(), timeout=30).entries:
-        retry(c.DeleteSnapshot, csi_pb2.DeleteSnapshotRequest(snapshot_id=e.snapshot.snapshot_id))
+        group = e.snapshot.group_snapshot_id
+        if group:
+            request = csi_pb2.DeleteVolumeGroupSnapshotRequest(group_snapshot_id=group)
+            retry(w.client.group.DeleteVolumeGroupSnapshot, request)
+        else:
+            retry(c.DeleteSnapshot, csi_pb2.DeleteSnapshotRequest(snapshot_id=e.snapshot.snapshot_id))
     for e in c.ListVolumes(csi_pb2.ListVolumesRequest(), timeout=30).entries:
         vid = e.volume.volume_id
         retry(c.ControllerUnpublishVolume, csi_pb2.ControllerUnpublishVolumeRequest(volume_id=vid))

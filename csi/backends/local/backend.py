@@ -34,6 +34,7 @@ from csi.backends.base import (
 )
 from csi.backends.local import contents, files, params, records, startup
 from csi.backends.local.devices import LoopDevices
+from csi.backends.local.freeze_service import FreezeServer, RemoteQuiescer
 from csi.backends.local.layout import (
     VOLUME_TOKEN,
     VOLUME_TOKEN_PREFIX,
@@ -42,6 +43,7 @@ from csi.backends.local.layout import (
     page_start,
     volume_prefix,
 )
+from csi.backends.local.quiesce import LocalQuiescer, Quiescer
 from csi.backends.local.snapshots import LocalSnapshots
 from csi.backends.local.state import AttachmentRow, NameTaken, Store, VolumeRow
 from csi.backends.local.topology import Segment
@@ -100,6 +102,7 @@ class LocalBackend(Backend):
         node_id: str = "",
         max_volumes_per_node: int = 0,
         loop: ModuleType | Any = None,
+        quiescer: Quiescer | None = None,
     ) -> None:
         self.layout = layout
         self.store = store
@@ -113,7 +116,9 @@ class LocalBackend(Backend):
         self.capabilities = capabilities(tuple(self.topology), self.max_volumes)
         self._devices = LoopDevices(loop)
         self._locks = KeyedLocks()
-        self._snapshots = LocalSnapshots(layout, store, self._locks)
+        # Group snapshots freeze their members here, or ask the node plugin (freeze_service.py).
+        self._snapshots = LocalSnapshots(layout, store, self._locks, quiescer or LocalQuiescer(loop=loop))
+        self._freeze_server: FreezeServer | None = None
 
     @classmethod
     def open(cls, data_dir: str, *, reconcile: bool = True, **options: Any) -> Self:
@@ -140,9 +145,12 @@ class LocalBackend(Backend):
     @classmethod
     def from_config(cls, config: Config) -> Self:
         """Reconciles files against the database only in a process serving the controller: a node-only
-        process sharing the data dir must not remove a file the controller is creating."""
+        process sharing the data dir must not remove a file the controller is creating. A process that
+        stages volumes thaws what a killed one left frozen; a controller without the node (the chart's
+        split layout) freezes group snapshot members through the node plugin's freeze service."""
         b, n = config.backend, config.node
-        return cls.open(
+        split = config.runs_controller != config.runs_node
+        backend = cls.open(
             b.data_dir,
             reconcile=config.runs_controller,
             driver_name=b.driver_name,
@@ -151,7 +159,15 @@ class LocalBackend(Backend):
             capacity_bytes=b.capacity_bytes,
             node_id=n.node_id,
             max_volumes_per_node=n.max_volumes_per_node,
+            quiescer=RemoteQuiescer(Layout(b.data_dir)) if split and config.runs_controller else None,
         )
+        if config.runs_node:
+            try:
+                backend._freeze_server = startup.prepare_node(backend.layout, serve_freezes=split)
+            except BaseException:
+                backend.close()
+                raise
+        return backend
 
     # ---- lifecycle
 
@@ -169,6 +185,9 @@ class LocalBackend(Backend):
         return True
 
     def close(self) -> None:
+        if self._freeze_server is not None:
+            self._freeze_server.close()
+            self._freeze_server = None
         self.store.close()
         if self._owner is not None:
             os.close(self._owner)
