@@ -183,6 +183,11 @@ class Backend(abc.ABC):
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release clients, files and threads. Idempotent."""
 
+    def retries(self) -> Mapping[str, int]:
+        """Calls to the storage API retried since start (throttling, server errors, timeouts), by
+        operation; exported as the counter ballast_backend_retries_total. Default: none."""
+        return {}
+
     # ---- parameters
 
     @abc.abstractmethod

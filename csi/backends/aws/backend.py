@@ -21,7 +21,7 @@ from csi.backends.aws import records
 from csi.backends.aws.attachments import Attacher
 from csi.backends.aws.coalesce import Coalescer, Modification
 from csi.backends.aws.devices import DeviceFinder
-from csi.backends.aws.ec2 import Backoff, Ec2
+from csi.backends.aws.ec2 import PAGE_SIZE, Backoff, Ec2
 from csi.backends.aws.metadata import Imds, Placement, resolve_placement
 from csi.backends.aws.snapshots import EbsSnapshots
 from csi.backends.aws.volumes import LIVE_VOLUME_STATES, VolumeCreator
@@ -88,8 +88,9 @@ class AwsBackend(Backend):
         backoff: Backoff | None = None,
         wait_timeout: float = 300.0,
         sleep: Callable[[float], None] = time.sleep,
+        page_size: int = PAGE_SIZE,
     ) -> None:
-        self.ec2 = Ec2(client, backoff, sleep, wait_timeout)
+        self.ec2 = Ec2(client, backoff, sleep, wait_timeout, page_size)
         self.zone_key = keys.topology_zone_key(driver_name)
         self._zone = "" if zone == "local" else zone
         self._node_id = node_id
@@ -157,6 +158,10 @@ class AwsBackend(Backend):
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self.ec2.client.close()
+
+    def retries(self) -> dict[str, int]:
+        """EC2 calls retried after throttling, server errors or an unreachable endpoint, by operation."""
+        return self.ec2.retry_counts()
 
     def _disk(self, volume: Mapping[str, Any]) -> Disk:
         return records.to_disk(volume, self.zone_key)
