@@ -6,7 +6,9 @@ filesystem (the superblock), not to a process: it outlives the process that froz
 driver that starts thaws what it finds frozen (csi.backends.local.quiesce). Both need CAP_SYS_ADMIN.
 
 Contracts:
-- `freeze(path)` freezes the filesystem mounted at `path`; already frozen -> FreezeError (EBUSY).
+- `freeze(path)` freezes the filesystem mounted at `path` and returns an open descriptor on it: the
+  hold. While it is open the filesystem cannot be unmounted (EBUSY), so the thaw cannot lose its way;
+  `thaw_held(fd)` thaws through it and closes it. Already frozen -> FreezeError (EBUSY).
 - `thaw(path)` returns True when it thawed the filesystem, False when it was not frozen (EINVAL).
 """
 
@@ -24,28 +26,51 @@ class FreezeError(OSError):
     """The filesystem could not be frozen or thawed; the message says which and why."""
 
 
-def _ioctl(path: str, request: int) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        fcntl.ioctl(fd, request, 0)
-    finally:
-        os.close(fd)
+def _ioctl(fd: int, request: int) -> None:
+    fcntl.ioctl(fd, request, 0)
 
 
-def freeze(path: str) -> None:
-    """Freeze the filesystem mounted at `path` (flushes it, then holds every write)."""
+def _open(path: str) -> int:
+    return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+
+
+def freeze(path: str) -> int:
+    """Freeze the filesystem mounted at `path` (flushes it, then holds every write); returns the hold."""
     try:
-        _ioctl(path, FIFREEZE)
+        fd = _open(path)
     except OSError as exc:
         raise FreezeError(exc.errno, f"cannot freeze the filesystem at {path}: {exc.strerror}") from exc
+    try:
+        _ioctl(fd, FIFREEZE)
+    except OSError as exc:
+        os.close(fd)
+        raise FreezeError(exc.errno, f"cannot freeze the filesystem at {path}: {exc.strerror}") from exc
+    return fd
+
+
+def thaw_held(fd: int) -> None:
+    """Thaw the filesystem `freeze` returned `fd` for, and close it (also when the thaw fails)."""
+    try:
+        _ioctl(fd, FITHAW)
+    except OSError as exc:
+        if exc.errno != errno.EINVAL:  # EINVAL: someone thawed it already
+            raise FreezeError(exc.errno, f"cannot thaw a frozen filesystem: {exc.strerror}") from exc
+    finally:
+        os.close(fd)
 
 
 def thaw(path: str) -> bool:
     """Thaw the filesystem mounted at `path`. True when it was frozen, False when it was not."""
     try:
-        _ioctl(path, FITHAW)
+        fd = _open(path)
+    except OSError as exc:
+        raise FreezeError(exc.errno, f"cannot thaw the filesystem at {path}: {exc.strerror}") from exc
+    try:
+        _ioctl(fd, FITHAW)
     except OSError as exc:
         if exc.errno == errno.EINVAL:
             return False
         raise FreezeError(exc.errno, f"cannot thaw the filesystem at {path}: {exc.strerror}") from exc
+    finally:
+        os.close(fd)
     return True

@@ -28,6 +28,7 @@ import pytest
 from csi import freeze
 from csi._proto import csi_pb2
 from csi.backends.local import files
+from csi.backends.local.quiesce import LocalQuiescer
 from csi.failures import OutOfCapacityError
 from tests.conftest import require_tool
 from tests.csiclient import CsiClient, assert_code
@@ -258,3 +259,19 @@ def test_a_member_whose_writes_cannot_be_held_fails_the_snapshot_unless_best_eff
     )
     not_frozen(local, [mounted])
     take_down(local, [mounted, raw], block=[raw])
+
+
+def test_an_unstage_racing_a_freeze_is_refused_until_the_thaw(local: Local) -> None:
+    """The hold keeps a descriptor open on each frozen filesystem: an unstage meanwhile fails (busy)
+    instead of unmounting a frozen filesystem, which would leave it frozen, its loop device bound,
+    with nothing left to thaw it through. After the thaw the unstage succeeds."""
+    (vid,) = published(local, 1, "racing")
+    local.unpublish(vid)
+    quiescer = LocalQuiescer()
+    with quiescer.hold({vid: str(local.data_dir / "volumes" / f"{vid}.img")}) as held:
+        assert held.frozen == [vid]
+        request = csi_pb2.NodeUnstageVolumeRequest(volume_id=vid, staging_target_path=local.staging(vid))
+        assert_code(local.client.node.NodeUnstageVolume, request, Code.INTERNAL, contains="busy")
+    assert not freeze.thaw(local.staging(vid)), "the hold did not thaw"
+    local.unstage(vid)
+    assert loops_over(local.data_dir) == []

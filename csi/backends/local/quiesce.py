@@ -3,7 +3,9 @@ crash-consistent instant.
 
 A member is written through its loop device, by the filesystem staged on it or, for block access, by
 whoever opened the device published into a pod. `LocalQuiescer.hold` freezes (FIFREEZE) every writable
-filesystem staged on a member's loop device, yields, and thaws them all again, on every path out; it
+filesystem staged on a member's loop device, yields, and thaws them all again, on every path out,
+through descriptors it keeps open meanwhile (so an unstage racing the hold fails with "busy" instead
+of unmounting a frozen filesystem, which would strand it frozen with its loop device); it
 needs CAP_SYS_ADMIN and the node's mount table, so it runs in the process that stages volumes (all mode,
 or the node plugin; csi.backends.local.freeze_service lets a controller elsewhere ask that process).
 A member it cannot hold -- published as a raw block device, whose writes no freeze stops -- is reported
@@ -84,7 +86,7 @@ class LocalQuiescer:
     def hold(self, volumes: Mapping[str, str]) -> Iterator[Quiesced]:
         """Freeze every writable staged filesystem of `volumes` (id -> backing file); thaw them all when
         the context ends, however it ends. A freeze that fails thaws what was frozen and raises."""
-        report, frozen = Quiesced(), []
+        report, frozen = Quiesced(), []  # frozen: the holds (descriptors) to thaw
         mounts = self._mounter.mounts()
         try:
             for volume_id, path in volumes.items():
@@ -92,8 +94,7 @@ class LocalQuiescer:
                 if why:
                     report.unfrozen[volume_id] = why
                 for point in points:
-                    _freeze(point, volume_id)
-                    frozen.append(point)
+                    frozen.append(_freeze(point, volume_id))
                 if points:
                     report.frozen.append(volume_id)
             yield report
@@ -101,20 +102,20 @@ class LocalQuiescer:
             _thaw_all(frozen)
 
 
-def _freeze(point: str, volume_id: str) -> None:
+def _freeze(point: str, volume_id: str) -> int:
     try:
-        freeze.freeze(point)
+        return freeze.freeze(point)
     except freeze.FreezeError as exc:
         hint = " (already frozen by someone else?)" if exc.errno == errno.EBUSY else ""
         raise FailedPreconditionError(f"volume {volume_id}: {exc.strerror}{hint}") from exc
 
 
-def _thaw_all(points: list[str]) -> None:
-    """Thaw each point (in reverse); try every one, then raise the first failure."""
+def _thaw_all(holds: list[int]) -> None:
+    """Thaw each hold (in reverse); try every one, then raise the first failure."""
     failures = []
-    for point in reversed(points):
+    for fd in reversed(holds):
         try:
-            freeze.thaw(point)
+            freeze.thaw_held(fd)
         except freeze.FreezeError as exc:
             failures.append(exc)
     if failures:
