@@ -116,7 +116,8 @@ class Stager:
     def prepared_device(self, volume_id: str, partition: int | None = None) -> str:
         """The device (or partition) a stage already prepared; never prepares one, so a read or a
         refusal leaves the host as it was. Not prepared on this host -> NotFoundError."""
-        device = self._backend.prepared_device(volume_id)
+        with os_failures():
+            device = self._backend.prepared_device(volume_id)
         if device is None:
             raise NotFoundError(f"volume {volume_id} is not staged on this node")
         if partition is None:

@@ -312,7 +312,8 @@ class Backend(abc.ABC):
     def prepared_device(self, volume_id: str) -> str | None:
         """The device resolve_device already prepared for `volume_id` on this host, verified as there,
         or None when there is none. Never prepares one: reads and refusals (stats, node expand) use it so
-        that they change nothing. Missing volume -> NotFoundError. The default suits backends whose
+        that they change nothing. Missing volume -> NotFoundError where the node can tell (a backend
+        whose nodes cannot look volumes up answers None). The default suits backends whose
         resolve_device changes nothing on the host; a backend that attaches in resolve_device overrides it."""
         try:
             return self.resolve_device(volume_id, {})
