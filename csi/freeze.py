@@ -26,22 +26,29 @@ class FreezeError(OSError):
     """The filesystem could not be frozen or thawed; the message says which and why."""
 
 
-def _ioctl(fd: int, request: int) -> None:
-    fcntl.ioctl(fd, request, 0)
+def _open(path: str, doing: str) -> int:
+    try:
+        return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise FreezeError(exc.errno, f"cannot {doing} the filesystem at {path}: {exc.strerror}") from exc
 
 
-def _open(path: str) -> int:
-    return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+def _thaw(fd: int, where: str) -> bool:
+    """FITHAW through `fd`: True when it thawed, False when the filesystem was not frozen."""
+    try:
+        fcntl.ioctl(fd, FITHAW, 0)
+    except OSError as exc:
+        if exc.errno == errno.EINVAL:
+            return False
+        raise FreezeError(exc.errno, f"cannot thaw the filesystem {where}: {exc.strerror}") from exc
+    return True
 
 
 def freeze(path: str) -> int:
     """Freeze the filesystem mounted at `path` (flushes it, then holds every write); returns the hold."""
+    fd = _open(path, "freeze")
     try:
-        fd = _open(path)
-    except OSError as exc:
-        raise FreezeError(exc.errno, f"cannot freeze the filesystem at {path}: {exc.strerror}") from exc
-    try:
-        _ioctl(fd, FIFREEZE)
+        fcntl.ioctl(fd, FIFREEZE, 0)
     except OSError as exc:
         os.close(fd)
         raise FreezeError(exc.errno, f"cannot freeze the filesystem at {path}: {exc.strerror}") from exc
@@ -49,28 +56,17 @@ def freeze(path: str) -> int:
 
 
 def thaw_held(fd: int) -> None:
-    """Thaw the filesystem `freeze` returned `fd` for, and close it (also when the thaw fails)."""
+    """Thaw the filesystem `freeze` returned `fd` for (already thawed is fine), and close `fd`."""
     try:
-        _ioctl(fd, FITHAW)
-    except OSError as exc:
-        if exc.errno != errno.EINVAL:  # EINVAL: someone thawed it already
-            raise FreezeError(exc.errno, f"cannot thaw a frozen filesystem: {exc.strerror}") from exc
+        _thaw(fd, "held frozen")
     finally:
         os.close(fd)
 
 
 def thaw(path: str) -> bool:
     """Thaw the filesystem mounted at `path`. True when it was frozen, False when it was not."""
+    fd = _open(path, "thaw")
     try:
-        fd = _open(path)
-    except OSError as exc:
-        raise FreezeError(exc.errno, f"cannot thaw the filesystem at {path}: {exc.strerror}") from exc
-    try:
-        _ioctl(fd, FITHAW)
-    except OSError as exc:
-        if exc.errno == errno.EINVAL:
-            return False
-        raise FreezeError(exc.errno, f"cannot thaw the filesystem at {path}: {exc.strerror}") from exc
+        return _thaw(fd, f"at {path}")
     finally:
         os.close(fd)
-    return True

@@ -18,7 +18,7 @@ import os
 import subprocess
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +78,30 @@ class SequenceWriter(threading.Thread):
         self.join(60)
         assert not self.is_alive(), "the writer hangs: a member stayed frozen"
         assert self.error is None, self.error
+
+
+def snapshots_under_writers(
+    targets: Sequence[str], take: Callable[[int], Any], count: int
+) -> tuple[list[Any], SequenceWriter]:
+    """24 MiB of data on each target (so a member copy takes long enough for the writer to move on
+    before the next one: an unfrozen group snapshot tears), then `count` group snapshots (`take(k)`)
+    while a SequenceWriter stamps all targets. Returns the snapshots and the finished writer."""
+    for target in targets:
+        with open(os.path.join(target, "data"), "wb") as f:
+            f.write(os.urandom(24 * MiB))
+            os.fsync(f.fileno())
+    writer = SequenceWriter(targets)
+    writer.start()
+    taken = []
+    try:
+        while writer.stamped < 20:
+            time.sleep(0.01)
+        for k in range(count):
+            taken.append(take(k))
+            time.sleep(0.1)
+    finally:
+        writer.finish()
+    return taken, writer
 
 
 def fsck_clean(image: Path) -> None:
@@ -169,25 +193,11 @@ def not_frozen(env: Local, ids: Sequence[str]) -> None:
 
 
 def test_group_snapshots_are_one_cut_across_members_while_writers_run(local: Local) -> None:
-    """24 MiB of data on each member makes a copy take long enough for the writer to move on between
-    one member's copy and the next, so an unfrozen group snapshot tears (checked: without the freeze
-    the cut tears in every run)."""
+    """Without the freeze the cut tears in every run (checked)."""
     ids = published(local, MEMBERS, "member")
-    for vid in ids:
-        with open(os.path.join(local.target(vid), "data"), "wb") as f:
-            f.write(os.urandom(24 * MiB))
-            os.fsync(f.fileno())
-    writer = SequenceWriter([local.target(v) for v in ids])
-    writer.start()
-    try:
-        while writer.stamped < 20:
-            time.sleep(0.01)
-        groups = []
-        for k in range(5):
-            groups.append(group(local.client, f"cut-{k}", ids))
-            time.sleep(0.1)
-    finally:
-        writer.finish()
+    groups, writer = snapshots_under_writers(
+        [local.target(v) for v in ids], lambda k: group(local.client, f"cut-{k}", ids), 5
+    )
     cuts = []
     for g in groups:
         found = {}

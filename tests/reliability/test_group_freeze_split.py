@@ -15,7 +15,6 @@ import shutil
 import signal
 import tempfile
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +29,7 @@ from tests.conftest import require_tool
 from tests.csiclient import CsiClient, assert_code, connect
 from tests.integration.conftest import force_clean, leftovers
 from tests.reliability.conftest import MiB, kill_group, mount_cap
-from tests.reliability.test_group_freeze import SequenceWriter, assert_one_cut, fsck_clean, stamps
+from tests.reliability.test_group_freeze import assert_one_cut, fsck_clean, snapshots_under_writers, stamps
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 NOBODY = 65534
@@ -176,23 +175,11 @@ def test_the_node_plugin_freezes_for_a_non_root_controller(split: Split) -> None
     ]
     assert uid and uid[0].split()[1] == str(NOBODY), f"the controller runs as {uid}"
     ids = [published(split, f"split-{i}") for i in range(2)]
-    for vid in ids:
-        with open(os.path.join(split.target(vid), "data"), "wb") as f:
-            f.write(os.urandom(24 * MiB))
-            os.fsync(f.fileno())
-    writer = SequenceWriter([split.target(v) for v in ids])
-    writer.start()
-    try:
-        while writer.stamped < 20:
-            time.sleep(0.01)
-        groups = []
-        for k in range(3):
-            groups.append(
-                split.c.group.CreateVolumeGroupSnapshot(_group(split, f"cut-{k}", ids), timeout=120)
-            )
-            time.sleep(0.1)
-    finally:
-        writer.finish()
+    groups, _ = snapshots_under_writers(
+        [split.target(v) for v in ids],
+        lambda k: split.c.group.CreateVolumeGroupSnapshot(_group(split, f"cut-{k}", ids), timeout=120),
+        3,
+    )
     for g in groups:
         found = {}
         for snap in g.group_snapshot.snapshots:

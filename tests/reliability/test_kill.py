@@ -134,19 +134,21 @@ def publish(w: World, vid: str) -> None:
     w.published[vid] = w.target(vid)
 
 
+def unpublish_req(w: World, vid: str) -> csi_pb2.NodeUnpublishVolumeRequest:
+    return csi_pb2.NodeUnpublishVolumeRequest(volume_id=vid, target_path=w.target(vid))
+
+
+def unstage_req(w: World, vid: str) -> csi_pb2.NodeUnstageVolumeRequest:
+    return csi_pb2.NodeUnstageVolumeRequest(volume_id=vid, staging_target_path=w.staging(vid))
+
+
 def unpublish(w: World, vid: str) -> None:
-    retry(
-        w.client.node.NodeUnpublishVolume,
-        csi_pb2.NodeUnpublishVolumeRequest(volume_id=vid, target_path=w.target(vid)),
-    )
+    retry(w.client.node.NodeUnpublishVolume, unpublish_req(w, vid))
     w.published.pop(vid, None)
 
 
 def unstage(w: World, vid: str) -> None:
-    retry(
-        w.client.node.NodeUnstageVolume,
-        csi_pb2.NodeUnstageVolumeRequest(volume_id=vid, staging_target_path=w.staging(vid)),
-    )
+    retry(w.client.node.NodeUnstageVolume, unstage_req(w, vid))
     w.staged.pop(vid, None)
 
 
@@ -363,12 +365,7 @@ def _stage(w: World) -> tuple[str, str, Any]:
 
 
 def _unstage(w: World) -> tuple[str, str, Any]:
-    vid = w.volumes["v"]
-    return (
-        "node",
-        "NodeUnstageVolume",
-        csi_pb2.NodeUnstageVolumeRequest(volume_id=vid, staging_target_path=w.staging(vid)),
-    )
+    return "node", "NodeUnstageVolume", unstage_req(w, w.volumes["v"])
 
 
 def _publish(w: World) -> tuple[str, str, Any]:
@@ -376,12 +373,7 @@ def _publish(w: World) -> tuple[str, str, Any]:
 
 
 def _unpublish(w: World) -> tuple[str, str, Any]:
-    vid = w.volumes["v"]
-    return (
-        "node",
-        "NodeUnpublishVolume",
-        csi_pb2.NodeUnpublishVolumeRequest(volume_id=vid, target_path=w.target(vid)),
-    )
+    return "node", "NodeUnpublishVolume", unpublish_req(w, w.volumes["v"])
 
 
 def _node_expand(w: World) -> tuple[str, str, Any]:
