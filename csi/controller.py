@@ -25,6 +25,8 @@ from csi.validation import (
     capacity_bytes,
     check_capabilities,
     check_capability,
+    check_capability_form,
+    check_ids,
     check_map,
     check_string,
     is_block,
@@ -83,6 +85,7 @@ class ControllerService(ControllerHealthRPCs, csi_pb2_grpc.ControllerServicer):
         self, request: csi_pb2.CreateVolumeRequest, context: grpc.ServicerContext
     ) -> csi_pb2.CreateVolumeResponse:
         """Idempotent by name: same arguments -> the same volume; different -> ALREADY_EXISTS."""
+        check_ids(request)
         require(request.name, "name")
         check_string(request.name, "name")
         caps = list(request.volume_capabilities)
@@ -113,6 +116,7 @@ class ControllerService(ControllerHealthRPCs, csi_pb2_grpc.ControllerServicer):
         self, request: csi_pb2.DeleteVolumeRequest, context: grpc.ServicerContext
     ) -> csi_pb2.DeleteVolumeResponse:
         """Unknown or already deleted -> OK; still published -> FAILED_PRECONDITION."""
+        check_ids(request)
         require(request.volume_id, "volume_id")
         with self._inflight.hold(f"vol:{request.volume_id}"), contextlib.suppress(NotFoundError):
             self._backend.delete_volume(request.volume_id)
@@ -123,6 +127,7 @@ class ControllerService(ControllerHealthRPCs, csi_pb2_grpc.ControllerServicer):
     ) -> csi_pb2.ControllerPublishVolumeResponse:
         """Idempotent per (volume, node); another readonly flag on the same node -> ALREADY_EXISTS."""
         self._caps.require_controller(CRPC.PUBLISH_UNPUBLISH_VOLUME, "ControllerPublishVolume")
+        check_ids(request)
         require(request.volume_id, "volume_id")
         require(request.node_id, "node_id")
         require(request.HasField("volume_capability"), "volume_capability")
@@ -136,6 +141,7 @@ class ControllerService(ControllerHealthRPCs, csi_pb2_grpc.ControllerServicer):
     ) -> csi_pb2.ControllerUnpublishVolumeResponse:
         """Not attached, or the volume is gone (so it is detached) -> OK. No node_id: from all nodes."""
         self._caps.require_controller(CRPC.PUBLISH_UNPUBLISH_VOLUME, "ControllerUnpublishVolume")
+        check_ids(request)
         require(request.volume_id, "volume_id")
         try:
             nodes = (
@@ -153,11 +159,16 @@ class ControllerService(ControllerHealthRPCs, csi_pb2_grpc.ControllerServicer):
     def ValidateVolumeCapabilities(
         self, request: csi_pb2.ValidateVolumeCapabilitiesRequest, context: grpc.ServicerContext
     ) -> csi_pb2.ValidateVolumeCapabilitiesResponse:
-        """Confirms the request only when every capability and parameter is supported for this volume."""
+        """Confirms the request only when every capability and parameter is supported for this volume.
+        A malformed capability (no access type, access mode UNKNOWN) -> INVALID_ARGUMENT; a well-formed
+        one the volume cannot serve -> OK without `confirmed`, and a message saying why."""
+        check_ids(request)
         require(request.volume_id, "volume_id")
-        require(request.volume_capabilities, "volume_capabilities")
-        disk = self._backend.get_volume(request.volume_id)
         caps = list(request.volume_capabilities)
+        require(caps, "volume_capabilities")
+        for i, cap in enumerate(caps):
+            check_capability_form(cap, f"volume_capabilities[{i}]")
+        disk = self._backend.get_volume(request.volume_id)
         try:
             check_capabilities(caps)
             _check_fs_type(caps)
@@ -225,6 +236,7 @@ class ControllerService(ControllerHealthRPCs, csi_pb2_grpc.ControllerServicer):
         volumes never shrink. A size the backend can never reach -> OUT_OF_RANGE ("the capacity range is
         not allowed by the Plugin", CSI spec)."""
         self._caps.require_controller(CRPC.EXPAND_VOLUME, "ControllerExpandVolume")
+        check_ids(request)
         require(request.volume_id, "volume_id")
         require(request.HasField("capacity_range"), "capacity_range")
         cr = request.capacity_range
@@ -257,6 +269,7 @@ class ControllerService(ControllerHealthRPCs, csi_pb2_grpc.ControllerServicer):
         self, request: csi_pb2.ControllerGetVolumeRequest, context: grpc.ServicerContext
     ) -> csi_pb2.ControllerGetVolumeResponse:
         self._caps.require_controller(CRPC.GET_VOLUME, "ControllerGetVolume")
+        check_ids(request)
         require(request.volume_id, "volume_id")
         disk = self._backend.get_volume(request.volume_id)
         Status = csi_pb2.ControllerGetVolumeResponse.VolumeStatus
@@ -268,14 +281,15 @@ class ControllerService(ControllerHealthRPCs, csi_pb2_grpc.ControllerServicer):
     def ControllerModifyVolume(
         self, request: csi_pb2.ControllerModifyVolumeRequest, context: grpc.ServicerContext
     ) -> csi_pb2.ControllerModifyVolumeResponse:
-        """All-or-nothing: any unsupported key or value -> INVALID_ARGUMENT and nothing changes."""
+        """All-or-nothing: no mutable_parameters, or any unsupported key or value -> INVALID_ARGUMENT and
+        nothing changes."""
         self._caps.require_controller(CRPC.MODIFY_VOLUME, "ControllerModifyVolume")
+        check_ids(request)
         require(request.volume_id, "volume_id")
+        require(request.mutable_parameters, "mutable_parameters")  # spec: REQUIRED
         with self._inflight.hold(f"vol:{request.volume_id}"):
             self._backend.get_volume(request.volume_id)
-            params = self._mutable(dict(request.mutable_parameters))
-            if params:
-                self._backend.modify_volume(request.volume_id, params)
+            self._backend.modify_volume(request.volume_id, self._mutable(dict(request.mutable_parameters)))
         return csi_pb2.ControllerModifyVolumeResponse()
 
     # ---- snapshots
@@ -286,6 +300,7 @@ class ControllerService(ControllerHealthRPCs, csi_pb2_grpc.ControllerServicer):
         """Idempotent by name and source; same name, other source -> ALREADY_EXISTS. Requisite
         topology the backend cannot serve -> RESOURCE_EXHAUSTED."""
         self._caps.require_controller(CRPC.CREATE_DELETE_SNAPSHOT, "CreateSnapshot")
+        check_ids(request)
         require(request.name, "name")
         check_string(request.name, "name")
         require(request.source_volume_id, "source_volume_id")
@@ -309,6 +324,7 @@ class ControllerService(ControllerHealthRPCs, csi_pb2_grpc.ControllerServicer):
     ) -> csi_pb2.DeleteSnapshotResponse:
         """Unknown -> OK; a member of a group snapshot -> INVALID_ARGUMENT."""
         self._caps.require_controller(CRPC.CREATE_DELETE_SNAPSHOT, "DeleteSnapshot")
+        check_ids(request)
         require(request.snapshot_id, "snapshot_id")
         with self._inflight.hold(f"snap:{request.snapshot_id}"), contextlib.suppress(NotFoundError):
             self._backend.delete_snapshot(request.snapshot_id)
@@ -319,6 +335,7 @@ class ControllerService(ControllerHealthRPCs, csi_pb2_grpc.ControllerServicer):
     ) -> csi_pb2.ListSnapshotsResponse:
         """Unknown snapshot id or source volume -> empty list; foreign token -> ABORTED."""
         self._caps.require_controller(CRPC.LIST_SNAPSHOTS, "ListSnapshots")
+        check_ids(request)
         if request.max_entries < 0:
             raise InvalidParameterError("max_entries must not be negative")
         page = self._backend.list_snapshots(
@@ -337,6 +354,7 @@ class ControllerService(ControllerHealthRPCs, csi_pb2_grpc.ControllerServicer):
     ) -> csi_pb2.GetSnapshotResponse:
         """Unknown -> NOT_FOUND."""
         self._caps.require_controller(CRPC.GET_SNAPSHOT, "GetSnapshot")
+        check_ids(request)
         require(request.snapshot_id, "snapshot_id")
         return csi_pb2.GetSnapshotResponse(
             snapshot=snapshot_message(self._backend.get_snapshot(request.snapshot_id))

@@ -1,7 +1,7 @@
 """Volume health as this node sees it (NodeGetVolumeHealth), grpc-free, beside the staging core.
 
 What is checked, in order:
-1. the device: the backend's `find_device` (no side effects). A device that cannot be proven to be the
+1. the device: the backend's `prepared_device` (no side effects). A device that cannot be proven to be the
    volume is INACCESSIBLE (DeviceUnverified).
 2. the paths the CO names: a publish path with nothing mounted is INACCESSIBLE (NotPublished); a staging
    or publish path showing another device is INACCESSIBLE (WrongDevice), or (DeviceLost) when no device
@@ -57,7 +57,7 @@ class NodeHealth:
     def volume(self, volume_id: str, staging: str = "", publish: str = "") -> tuple[Issue, ...]:
         """The volume's issues on this node; paths already validated (empty: not given)."""
         try:
-            device = self._backend.find_device(volume_id)
+            device = self._backend.prepared_device(volume_id)
         except FailedPreconditionError as exc:
             return (Issue(Status.INACCESSIBLE, "DeviceUnverified", str(exc)),)
         mounts = self._mounter.mounts()

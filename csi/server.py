@@ -28,6 +28,7 @@ from csi.config import Config, version
 from csi.errors import ErrorInterceptor
 from csi.identity import IdentityService
 from csi.inflight import InFlight
+from shim import failpoints
 
 log = logging.getLogger("ballast.server")
 GRACE_SECONDS = 30.0
@@ -86,6 +87,7 @@ class Driver:
     """One driver process: owns the backend, the services and the gRPC server."""
 
     def __init__(self, config: Config, backend: Backend | None = None) -> None:
+        failpoints.validate_environment()  # a malformed BALLAST_FAILPOINTS stops start-up, not a later step
         self.config = config
         self._socket = socket_path(config.server.endpoint)
         if self._socket:

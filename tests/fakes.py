@@ -9,7 +9,8 @@ through plain attributes:
 - `devices[volume_id]` is what resolve_device returns (default `/dev/fake-<volume_id>`);
 - `calls` records (method, args) of every call, `released` the volume ids passed to release_device;
 - `issues[volume_id]` are a volume's health issues (controller side), `storage_issues` the node's;
-  `on_node[volume_id]` is what find_device answers (absent: None);
+  `on_node[volume_id]` is the device prepared on this node (set by resolve_device, cleared by
+  release_device), which prepared_device answers (absent: None);
 - `block_ranges[snapshot_id]` / `block_deltas[(base, target)]` are the ranges the snapshot metadata
   operations serve (computed at `metadata_block_size`); `stream_failure` = (n, error) makes the next such
   stream raise `error` after n ranges.
@@ -432,10 +433,20 @@ class FakeBackend(base.Backend):
     def resolve_device(self, volume_id: str, publish_context: Mapping[str, str]) -> str:
         self._enter("resolve_device", volume_id, dict(publish_context))
         self._volume(volume_id)
-        return self.devices.get(volume_id, f"/dev/fake-{volume_id}")
+        device = self.devices.get(volume_id, f"/dev/fake-{volume_id}")
+        with self._lock:
+            self.on_node[volume_id] = device
+        return device
+
+    def prepared_device(self, volume_id: str) -> str | None:
+        self._enter("prepared_device", volume_id)
+        self._volume(volume_id)
+        return self.on_node.get(volume_id)
 
     def release_device(self, volume_id: str) -> None:
         self._enter("release_device", volume_id)
+        with self._lock:
+            self.on_node.pop(volume_id, None)
         self.released.append(volume_id)
 
     # ---- reporting
@@ -454,11 +465,6 @@ class FakeBackend(base.Backend):
     def storage_health(self) -> list[StorageIssue]:
         self._enter("storage_health")
         return list(self.storage_issues)
-
-    def find_device(self, volume_id: str) -> str | None:
-        self._enter("find_device", volume_id)
-        self._volume(volume_id)
-        return self.on_node.get(volume_id)
 
     def _blocks(self, snapshot_id: str, start: int, ranges: list[Range]) -> BlockMap:
         snap = self.snapshots.get(snapshot_id)

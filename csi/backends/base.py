@@ -136,7 +136,7 @@ class BackendCapabilities(NamedTuple):
     modify_volume: bool = False
     group_snapshots: bool = False
     volume_health: bool = False  # controller: volume_health / list_volume_health
-    node_volume_health: bool = False  # node: find_device
+    node_volume_health: bool = False  # node: prepared_device
     storage_health: bool = False  # node: storage_health
     snapshot_topology: bool = False  # snapshots carry where they can be restored (Snapshot.topology)
     snapshot_metadata: bool = False  # snapshot_allocated / snapshot_delta
@@ -179,6 +179,11 @@ class Backend(Reporting, abc.ABC):
 
     def close(self) -> None:
         """Release clients, files and threads. Idempotent."""
+
+    def retries(self) -> Mapping[str, int]:
+        """Calls to the storage API retried since start (throttling, server errors, timeouts), by
+        operation; exported as the counter ballast_backend_retries_total. Default: none."""
+        return {}
 
     # ---- parameters
 
@@ -310,6 +315,18 @@ class Backend(Reporting, abc.ABC):
 
         Idempotent (an already prepared device is reused). Missing volume -> NotFoundError. A device that
         cannot be proven to be the volume -> FailedPreconditionError; never a guess."""
+
+    def prepared_device(self, volume_id: str) -> str | None:
+        """The device resolve_device already prepared for `volume_id` on this host, verified as there,
+        or None when there is none. Never prepares one: reads and refusals (stats, node expand) use it so
+        that they change nothing. Missing volume -> NotFoundError where the node can tell (a backend
+        whose nodes cannot look volumes up answers None); a device that cannot be proven to be the volume
+        -> FailedPreconditionError. The default suits backends whose resolve_device changes nothing on
+        the host; a backend that attaches in resolve_device overrides it."""
+        try:
+            return self.resolve_device(volume_id, {})
+        except NotFoundError:
+            return None
 
     def release_device(self, volume_id: str) -> None:
         """Undo node-side preparation done by resolve_device (e.g. detach a loop device). Idempotent."""

@@ -1,5 +1,5 @@
-"""The optional, read-only part of the Backend interface: volume and storage health, the device a volume
-already has on this host, and the block metadata of snapshots (CSI SnapshotMetadata).
+"""The optional, read-only part of the Backend interface: volume and storage health, and the block
+metadata of snapshots (CSI SnapshotMetadata).
 
 Each operation is offered only when its BackendCapabilities flag is on (named in brackets below); the
 driver checks the flag before calling, so the defaults here, which raise UnsupportedError or report
@@ -44,13 +44,6 @@ class Reporting:
     def storage_health(self) -> list[StorageIssue]:
         """[storage_health] Issues of the storage this node reaches, independent of any one volume."""
         return []
-
-    def find_device(self, volume_id: str) -> str | None:
-        """[node_volume_health] The block device that holds the volume on this host right now, verified
-        to be it, without preparing anything (unlike resolve_device); None when the host has none.
-        NotFoundError only when the volume is known not to exist at all; a device that cannot be proven
-        to be the volume -> FailedPreconditionError."""
-        raise UnsupportedError("this backend cannot tell which device holds a volume")
 
     def snapshot_allocated(
         self, snapshot_id: str, start: int, block: int, secrets: Mapping[str, str]

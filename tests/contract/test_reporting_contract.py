@@ -35,7 +35,7 @@ def test_a_foreign_health_token_is_refused(subject: Subject) -> None:
 def test_a_volume_not_on_this_host_has_no_device(subject: Subject) -> None:
     _needs(subject, "node_volume_health")
     disk = subject.backend.create_volume("pvc-d", _options(subject))
-    assert subject.backend.find_device(disk.id) is None
+    assert subject.backend.prepared_device(disk.id) is None
 
 
 def test_snapshots_report_where_they_restore_and_refuse_an_unserved_requisite(subject: Subject) -> None:

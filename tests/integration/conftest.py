@@ -19,7 +19,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from csi import loop
+from csi import freeze, loop
 from csi._proto import csi_pb2
 from csi.backends.base import DiskOptions
 from csi.config import parse_args
@@ -187,6 +187,8 @@ def force_clean(tmp: Path, data_dir: Path) -> None:
     mounter = Mounter()
     mounts, loops = leftovers(tmp, data_dir)
     for point in sorted(mounts, key=len, reverse=True):
+        with contextlib.suppress(OSError):
+            freeze.thaw(point)  # an unmounted frozen filesystem would keep its loop device for good
         for _ in range(8):
             if not mounter.unmount(point):
                 break

@@ -322,6 +322,30 @@ def test_validate_volume_capabilities_codes(env: Env) -> None:
     assert code_of(env.ctl.ValidateVolumeCapabilities, no_caps) == Code.INVALID_ARGUMENT
 
 
+@pytest.mark.parametrize(
+    "cap",
+    [
+        pytest.param(
+            csi_pb2.VolumeCapability(access_mode=AM(mode=AM.SINGLE_NODE_WRITER)), id="no-access-type"
+        ),
+        pytest.param(mount(AM.UNKNOWN), id="access-mode-unknown"),
+        pytest.param(
+            csi_pb2.VolumeCapability(mount=csi_pb2.VolumeCapability.MountVolume()), id="no-access-mode"
+        ),
+        pytest.param(mount(99), id="access-mode-out-of-enum"),
+    ],
+)
+def test_validate_volume_capabilities_refuses_a_malformed_capability(
+    env: Env, cap: csi_pb2.VolumeCapability
+) -> None:
+    """Spec: a malformed capability is INVALID_ARGUMENT, for a volume that exists as for one that does not
+    (the request is checked before the lookup); only a well-formed one can be merely unsupported."""
+    vol = env.create()
+    for vid in (vol.volume_id, "fv-x"):
+        req = csi_pb2.ValidateVolumeCapabilitiesRequest(volume_id=vid, volume_capabilities=[mount(), cap])
+        assert code_of(env.ctl.ValidateVolumeCapabilities, req) == Code.INVALID_ARGUMENT
+
+
 def test_list_volumes_pages_and_reports_published_nodes(env: Env) -> None:
     ids = [env.create(f"v{i}").volume_id for i in range(5)]
     env.ctl.ControllerPublishVolume(
@@ -471,7 +495,7 @@ def test_get_volume_reports_the_volume_and_where_it_is_published(env: Env) -> No
             {"iops": "300", "color": "red"}, Code.INVALID_ARGUMENT, {}, id="one-unknown-key-no-change"
         ),
         pytest.param({"tier": "gold"}, Code.INVALID_ARGUMENT, {}, id="bad-value"),
-        pytest.param({}, Code.OK, {}, id="nothing-to-change"),
+        pytest.param({}, Code.INVALID_ARGUMENT, {}, id="empty-is-invalid"),
     ],
 )
 def test_modify_volume(env: Env, params: dict[str, str], code: Code, after: dict[str, str]) -> None:

@@ -164,7 +164,7 @@ def test_a_mount_whose_device_is_gone_is_device_lost(node: NodeEnv) -> None:
 
 
 def test_a_device_that_is_not_the_volume_is_inaccessible(node: NodeEnv) -> None:
-    node.backend.fail["find_device"] = FailedPreconditionError("loop0 maps another file")
+    node.backend.fail["prepared_device"] = FailedPreconditionError("loop0 maps another file")
     health = _node_health(node, volume_id=node.volume_id)
     assert [(e.reason, e.message) for e in health.health_statuses] == [
         ("DeviceUnverified", "loop0 maps another file")

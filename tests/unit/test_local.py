@@ -43,6 +43,9 @@ class FakeLoop:
         self.sizes[dev] = os.stat(backing_file).st_size
         return dev
 
+    def bound(self, backing_file: str) -> str | None:
+        return next((d for d, p in self.devices.items() if p == backing_file), None)
+
     def detach_file(self, backing_file: str) -> None:
         for dev in [d for d, p in self.devices.items() if p == backing_file]:
             del self.devices[dev]
@@ -390,6 +393,24 @@ def test_resolve_device_attaches_refreshes_and_verifies(data: Path) -> None:
         be.resolve_device(vol.id, ctx)
     be.release_device(vol.id)
     assert loop.devices == {}
+    be.close()
+
+
+def test_prepared_device_binds_nothing(data: Path) -> None:
+    """Reads use prepared_device: None until a stage resolved the device, then that device (refreshed to
+    a grown volume); an unknown volume is NotFound. It never binds a device itself."""
+    loop = FakeLoop()
+    be = open_backend(data, loop=loop)
+    vol = be.create_volume("v", DiskOptions(size_bytes=MiB))
+    assert be.prepared_device(vol.id) is None and loop.devices == {}
+    dev = be.resolve_device(vol.id, {})
+    be.expand_volume(vol.id, 2 * MiB)
+    assert be.prepared_device(vol.id) == dev and loop.refreshed == [dev]
+    for unknown in ("lv-" + "0" * 32, "not-an-id"):
+        with pytest.raises(failures.NotFoundError):
+            be.prepared_device(unknown)
+    be.release_device(vol.id)
+    assert be.prepared_device(vol.id) is None and loop.devices == {}
     be.close()
 
 

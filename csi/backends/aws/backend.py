@@ -24,7 +24,7 @@ from csi.backends.aws.attachments import Attacher
 from csi.backends.aws.cbt import EBS_BLOCK, EbsBlocks
 from csi.backends.aws.coalesce import Coalescer, Modification
 from csi.backends.aws.devices import DeviceFinder
-from csi.backends.aws.ec2 import Backoff, Ec2
+from csi.backends.aws.ec2 import PAGE_SIZE, Backoff, Ec2
 from csi.backends.aws.health import EbsHealth
 from csi.backends.aws.metadata import Imds, Placement, free_attach_slots, resolve_placement
 from csi.backends.aws.snapshots import EbsSnapshots
@@ -44,6 +44,7 @@ from csi.backends.base import (
 )
 from csi.failures import DriverError, FailedPreconditionError, NotFoundError
 from csi.health import Issue, VolumeHealth
+from shim import failpoints
 
 if TYPE_CHECKING:
     from csi.config import Config
@@ -102,8 +103,9 @@ class AwsBackend(Backend):
         backoff: Backoff | None = None,
         wait_timeout: float = 300.0,
         sleep: Callable[[float], None] = time.sleep,
+        page_size: int = PAGE_SIZE,
     ) -> None:
-        self.ec2 = Ec2(client, backoff, sleep, wait_timeout)
+        self.ec2 = Ec2(client, backoff, sleep, wait_timeout, page_size)
         self.zone_key = keys.topology_zone_key(driver_name)
         self._zone = "" if zone == "local" else zone
         self._node_id = node_id
@@ -184,6 +186,10 @@ class AwsBackend(Backend):
                 if api is not None:
                     api.client.close()
 
+    def retries(self) -> dict[str, int]:
+        """EC2 calls retried after throttling, server errors or an unreachable endpoint, by operation."""
+        return self.ec2.retry_counts()
+
     def _disk(self, volume: Mapping[str, Any]) -> Disk:
         return records.to_disk(volume, self.zone_key)
 
@@ -204,6 +210,7 @@ class AwsBackend(Backend):
     def delete_volume(self, volume_id: str) -> None:
         """Missing -> NotFoundError; attached -> FailedPreconditionError."""
         self.ec2.call("delete_volume", VolumeId=P.volume_id(volume_id))
+        failpoints.hit("aws.delete.requested")
 
     def get_volume(self, volume_id: str) -> Disk:
         return self._disk(self.ec2.describe_volume(P.volume_id(volume_id)))
@@ -322,7 +329,7 @@ class AwsBackend(Backend):
 
     # ------------------------------------------------------------------ node side
 
-    def find_device(self, volume_id: str) -> str | None:
+    def prepared_device(self, volume_id: str) -> str | None:
         """The attached device whose NVMe serial names the volume, if the node has it now (no wait)."""
         try:
             return self._devices.find(P.volume_id(volume_id), {}, wait=False)

@@ -31,6 +31,7 @@ from csi.failures import (
     TransientError,
 )
 from csi.keylocks import KeyedLocks
+from shim import failpoints
 
 log = logging.getLogger("ballast.aws")
 LIVE_VOLUME_STATES = ["creating", "available", "in-use", "error"]
@@ -170,9 +171,12 @@ class VolumeCreator:
                 TagSpecifications=tag_spec("volume", tags),
                 **args,
             )
+            failpoints.hit("aws.create.requested")
             if created.get("State") not in ("deleting", "deleted"):
                 with contextlib.suppress(NotFoundError):  # gone at once: the token was burned
-                    return self._disk(self.wait_available(created["VolumeId"]))
+                    disk = self._disk(self.wait_available(created["VolumeId"]))
+                    failpoints.hit("aws.create.available")
+                    return disk
             log.info(
                 "client token of %r answered with deleted volume %s; new token", name, created["VolumeId"]
             )

@@ -26,16 +26,15 @@ from csi import keys
 from csi.backends.base import (
     Backend,
     BackendCapabilities,
-    ContentSource,
     Disk,
     DiskOptions,
     NodeIdentity,
     Page,
-    SourceKind,
 )
-from csi.backends.local import files, params, records, startup
+from csi.backends.local import contents, files, params, records, startup
 from csi.backends.local.cbt import BLOCK_SIZE, LocalBlocks
 from csi.backends.local.devices import LoopDevices
+from csi.backends.local.freeze_service import FreezeServer, RemoteQuiescer
 from csi.backends.local.health import LocalHealth
 from csi.backends.local.layout import (
     VOLUME_TOKEN,
@@ -45,6 +44,7 @@ from csi.backends.local.layout import (
     page_start,
     volume_prefix,
 )
+from csi.backends.local.quiesce import LocalQuiescer, Quiescer
 from csi.backends.local.reporting import LocalReporting
 from csi.backends.local.snapshots import LocalSnapshots, SnapshotOperations
 from csi.backends.local.state import AttachmentRow, NameTaken, Store, VolumeRow
@@ -57,6 +57,7 @@ from csi.failures import (
     OutOfRangeError,
 )
 from csi.keylocks import KeyedLocks
+from shim import failpoints
 
 if TYPE_CHECKING:
     from csi.config import Config
@@ -108,6 +109,7 @@ class LocalBackend(LocalReporting, SnapshotOperations, Backend):
         node_id: str = "",
         max_volumes_per_node: int = 0,
         loop: ModuleType | Any = None,
+        quiescer: Quiescer | None = None,
     ) -> None:
         self.layout = layout
         self.store = store
@@ -122,7 +124,11 @@ class LocalBackend(LocalReporting, SnapshotOperations, Backend):
         self.capabilities = capabilities(tuple(self.topology), self.max_volumes)
         self._devices = LoopDevices(loop)
         self._locks = KeyedLocks()
-        self._snapshots = LocalSnapshots(layout, store, self._locks, self._segment)
+        # Group snapshots freeze their members here, or ask the node plugin (freeze_service.py).
+        self._snapshots = LocalSnapshots(
+            layout, store, self._locks, self._segment, quiescer or LocalQuiescer(loop=loop)
+        )
+        self._freeze_server: FreezeServer | None = None
         self.health = LocalHealth(layout, store)
         self.blocks = LocalBlocks(layout, store)
 
@@ -151,9 +157,12 @@ class LocalBackend(LocalReporting, SnapshotOperations, Backend):
     @classmethod
     def from_config(cls, config: Config) -> Self:
         """Reconciles files against the database only in a process serving the controller: a node-only
-        process sharing the data dir must not remove a file the controller is creating."""
+        process sharing the data dir must not remove a file the controller is creating. A process that
+        stages volumes thaws what a killed one left frozen; a controller without the node (the chart's
+        split layout) freezes group snapshot members through the node plugin's freeze service."""
         b, n = config.backend, config.node
-        return cls.open(
+        split = config.runs_controller != config.runs_node
+        backend = cls.open(
             b.data_dir,
             reconcile=config.runs_controller,
             driver_name=b.driver_name,
@@ -162,7 +171,15 @@ class LocalBackend(LocalReporting, SnapshotOperations, Backend):
             capacity_bytes=b.capacity_bytes,
             node_id=n.node_id,
             max_volumes_per_node=n.max_volumes_per_node,
+            quiescer=RemoteQuiescer(Layout(b.data_dir)) if split and config.runs_controller else None,
         )
+        if config.runs_node:
+            try:
+                backend._freeze_server = startup.prepare_node(backend.layout, serve_freezes=split)
+            except BaseException:
+                backend.close()
+                raise
+        return backend
 
     # ---- lifecycle
 
@@ -180,6 +197,9 @@ class LocalBackend(LocalReporting, SnapshotOperations, Backend):
         return True
 
     def close(self) -> None:
+        if self._freeze_server is not None:
+            self._freeze_server.close()
+            self._freeze_server = None
         self.store.close()
         if self._owner is not None:
             os.close(self._owner)
@@ -207,38 +227,6 @@ class LocalBackend(LocalReporting, SnapshotOperations, Backend):
                 f"--capacity limit {self.capacity_limit} left"
             )
 
-    def _source_file(self, source: ContentSource, size: int) -> tuple[str, str]:
-        """(path, volume id to lock) of a content source; missing -> NotFound, bigger -> OutOfRange."""
-        if source.kind is SourceKind.SNAPSHOT:
-            path = self.layout.snapshot_file(source.id)
-            snap = self.store.snapshot(source.id)
-            if snap is None:
-                raise NotFoundError(f"source snapshot {source.id} not found")
-            src_size, lock = snap.size, ""
-        else:
-            row = self._row(source.id)
-            path, src_size, lock = self.volume_path(source.id), row.size, source.id
-        if src_size > size:
-            raise OutOfRangeError(
-                f"source {source.kind.value} {source.id} is {src_size} bytes, "
-                f"larger than the requested {size}"
-            )
-        return path, lock
-
-    def _write_file(self, path: str, options: DiskOptions) -> None:
-        """The new volume's backing file: sparse, or a copy of its content source."""
-        if options.source is None:
-            files.create_sparse(path, options.size_bytes)
-            return
-        src, lock = self._source_file(options.source, options.size_bytes)
-        with self._locks.hold(*([lock] if lock else [])):
-            try:
-                files.copy(src, path, options.size_bytes)
-            except FileNotFoundError as exc:
-                raise FailedPreconditionError(
-                    f"the backing file of source {options.source.id} is missing"
-                ) from exc
-
     def create_volume(self, name: str, options: DiskOptions) -> Disk:
         spec = records.spec(options)
         row = self.store.volume_by_name(name)
@@ -248,7 +236,10 @@ class LocalBackend(LocalReporting, SnapshotOperations, Backend):
         self._params.check_size(options.parameters, options.size_bytes)
         volume_id = new_id(self.volume_prefix)
         path = self.volume_path(volume_id)
-        self._write_file(path, options)  # the file first: reconcile removes it if no record follows
+        written, recorded = contents.CREATE_FAILPOINTS[options.source.kind if options.source else None]
+        # the file first: reconcile removes it if no record follows
+        contents.write_volume_file(self.layout, self.store, self._locks, path, options)
+        failpoints.hit(written)
         try:
             row = self.store.insert_volume(
                 volume_id,
@@ -270,13 +261,16 @@ class LocalBackend(LocalReporting, SnapshotOperations, Backend):
                     f"volume {name!r} is being created and deleted concurrently"
                 ) from None
             return self._existing(winner, spec)
+        failpoints.hit(recorded)
         return self._disk(row)
 
     def delete_volume(self, volume_id: str) -> None:
         path = self.volume_path(volume_id)
         with self._locks.hold(volume_id):
             self.store.delete_volume(volume_id)
+            failpoints.hit("local.delete.recorded")
             files.remove(path)
+            failpoints.hit("local.delete.removed")
 
     def _disk(self, row: VolumeRow, attachments: Sequence[AttachmentRow] | None = None) -> Disk:
         if attachments is None:
@@ -307,6 +301,7 @@ class LocalBackend(LocalReporting, SnapshotOperations, Backend):
                     raise OutOfRangeError(f"growing to {size_bytes} bytes would exceed the --capacity limit")
             self.health.ledger.begin_growth(volume_id, row.size)  # start-up: a torn expand lost nothing
             self.store.set_size(volume_id, size_bytes)  # record first: reconcile finishes a torn expand
+            failpoints.hit("local.expand.recorded")
             try:
                 files.grow(path, size_bytes)
             except FileNotFoundError as exc:
@@ -316,6 +311,7 @@ class LocalBackend(LocalReporting, SnapshotOperations, Backend):
                 raise
             finally:
                 self.health.ledger.end_growth(volume_id)
+            failpoints.hit("local.expand.grown")
             return size_bytes
 
     def modify_volume(self, volume_id: str, mutable_parameters: Mapping[str, str]) -> Disk:
@@ -346,11 +342,13 @@ class LocalBackend(LocalReporting, SnapshotOperations, Backend):
             raise AlreadyExistsError(
                 f"volume {volume_id} is already published to {node_id} with readonly={not readonly}"
             ) from None
+        failpoints.hit("local.attach.recorded")
         return {keys.PC_VOLUME_FILE: path}
 
     def detach(self, volume_id: str, node_id: str) -> None:
         self._row(volume_id)
         self.store.detach(volume_id, node_id)
+        failpoints.hit("local.detach.recorded")
 
     # ---- node side
 
@@ -361,6 +359,11 @@ class LocalBackend(LocalReporting, SnapshotOperations, Backend):
         """Attach (or reuse) a loop device over the volume's file and prove it maps that file."""
         path = self.volume_path(volume_id)
         return self._devices.resolve(volume_id, path, self._row(volume_id).size, publish_context)
+
+    def prepared_device(self, volume_id: str) -> str | None:
+        """The loop device already bound over the volume's file, or None; binds nothing."""
+        path = self.volume_path(volume_id)
+        return self._devices.prepared(volume_id, path, self._row(volume_id).size)
 
     def release_device(self, volume_id: str) -> None:
         self._devices.release(self.volume_path(volume_id))

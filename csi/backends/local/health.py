@@ -158,13 +158,6 @@ class LocalHealth:
     def storage(self) -> list[StorageIssue]:
         return fshealth.storage_issues(self._layout.data_dir)
 
-    def find_device(self, volume_id: str) -> str | None:
-        """A loop device bound to the volume's backing file now (None: none, or no file)."""
-        path = self._layout.volume_file(volume_id)
-        self._store.existing_volume(volume_id)
-        found = loop.devices_of(path)
-        return found[0] if found else None
-
 
 def _inode(path: str) -> tuple[int, int]:
     st = os.stat(path)

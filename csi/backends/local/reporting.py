@@ -26,9 +26,6 @@ class LocalReporting:
         """The data dir's filesystem: a node-only process shares the data dir, so it sees the same."""
         return self.health.storage()
 
-    def find_device(self, volume_id: str) -> str | None:
-        return self.health.find_device(volume_id)
-
     def snapshot_allocated(
         self, snapshot_id: str, start: int, block: int, secrets: Mapping[str, str]
     ) -> BlockMap:

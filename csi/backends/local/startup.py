@@ -15,20 +15,29 @@ record is committed and a record deleted before its file, so files without a rec
 (an interrupted create or delete) and files shorter than their record are grown. A file still at the
 size an expand in progress started from (the ledger's growth intent) lost nothing; any other short file
 lost data, and its volume is marked DATA_LOSS (health.py) before it is grown.
+
+`prepare_node(layout, serve_freezes)` is the node side's start: it thaws the staged filesystems a killed
+process left frozen in the middle of a group snapshot and, in the split layout, serves the controller's
+freezes (freeze_service.py).
 """
 
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import sqlite3
 import urllib.parse
 
 from csi.backends.local import files
+from csi.backends.local.freeze_service import FreezeServer
 from csi.backends.local.health import Ledger
 from csi.backends.local.layout import SNAPSHOT_ID, VOLUME_ID, Layout
+from csi.backends.local.quiesce import LocalQuiescer, thaw_staged
 from csi.backends.local.state import Store
 from csi.failures import FailedPreconditionError, OutOfRangeError
+
+log = logging.getLogger("ballast.local")
 
 
 class StateUnusable(FailedPreconditionError):
@@ -130,3 +139,22 @@ def reconcile(layout: Layout, store: Store) -> None:
             except OutOfRangeError:  # an expand past the largest file, torn before its undo
                 store.set_size(row.id, size)
     ledger.settle()
+
+
+def prepare_node(layout: Layout, serve_freezes: bool) -> FreezeServer | None:
+    """Thaw what a killed process left frozen; with `serve_freezes`, start the freeze service. A service
+    that cannot listen is logged, not fatal: the controller then refuses group snapshots of volumes in
+    use, saying the service is not answering."""
+    from csi import loop
+    from csi.mount import Mounter
+
+    thaw_staged(layout.volumes_dir, Mounter(), loop)
+    if not serve_freezes:
+        return None
+    server = FreezeServer(layout, LocalQuiescer())
+    try:
+        server.start()
+    except OSError as exc:
+        log.warning("the freeze service cannot listen at %s: %s", layout.freeze_socket, exc)
+        return None
+    return server
