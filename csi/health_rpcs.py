@@ -17,7 +17,7 @@ from csi.capabilities import CRPC, NRPC, Capabilities
 from csi.failures import InvalidParameterError
 from csi.health import VolumeHealth
 from csi.nodehealth import NodeHealth
-from csi.validation import check_string, require
+from csi.validation import require_id
 
 
 class ControllerHealthRPCs:
@@ -29,7 +29,7 @@ class ControllerHealthRPCs:
     ) -> csi_pb2.ControllerGetVolumeHealthResponse:
         """Known volume -> its issues (none: an empty list); unknown -> NOT_FOUND."""
         self._caps.require_controller(CRPC.GET_VOLUME_HEALTH, "ControllerGetVolumeHealth")
-        require(request.volume_id, "volume_id")
+        require_id(request.volume_id, "volume_id")
         issues = self._backend.volume_health(request.volume_id)
         return csi_pb2.ControllerGetVolumeHealthResponse(
             volume_health=replies.volume_health(VolumeHealth(request.volume_id, issues))
@@ -59,8 +59,7 @@ class NodeHealthRPCs:
     ) -> csi_pb2.NodeGetVolumeHealthResponse:
         """The volume's issues on this node; not on this node at all -> NOT_FOUND."""
         self._caps.require_node(NRPC.GET_VOLUME_HEALTH, "NodeGetVolumeHealth")
-        require(request.volume_id, "volume_id")
-        check_string(request.volume_id, "volume_id")
+        require_id(request.volume_id, "volume_id")
         staging, publish = request.staging_target_path, request.volume_publish_path
         issues = self.health.volume(
             request.volume_id,

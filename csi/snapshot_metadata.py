@@ -27,7 +27,7 @@ from csi import extents
 from csi._proto import csi_pb2, csi_pb2_grpc
 from csi.backends.base import Backend, BlockMap
 from csi.failures import InvalidParameterError, OutOfRangeError
-from csi.validation import check_string, require
+from csi.validation import require_id
 
 BATCH = 1024  # ranges per message when the request sets no max_results
 
@@ -45,8 +45,7 @@ class MetadataSettings(NamedTuple):
 
 def _check(snapshot_ids: list[tuple[str, str]], offset: int, max_results: int) -> None:
     for value, field in snapshot_ids:
-        require(value, field)
-        check_string(value, field)
+        require_id(value, field)
     if offset < 0:
         raise OutOfRangeError(f"starting_offset must not be negative, got {offset}")
     if max_results < 0:
