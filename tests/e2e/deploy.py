@@ -215,9 +215,11 @@ def _host_paths(pod_spec: Obj, pod_dir: Path) -> dict[str, Path]:
 
 def _remap(text: str, mounts: list[tuple[str, Path]]) -> str:
     """Rewrite container paths (a mountPath at the start of the value, after `=` or after `unix://`)
-    to the host directory behind that volume, in one pass (a host path is never rewritten again)."""
-    moved = {m: str(h) for m, h in mounts if m != str(h)}
-    if not moved:
+    to the host directory behind that volume, in one pass (a host path is never rewritten again). As in
+    a container, the most specific mount wins: a hostPath mounted at its own path inside an emptyDir's
+    mountPath (the data dir under /tmp) stays where it is."""
+    moved = {m: str(h) for m, h in mounts}
+    if all(m == h for m, h in moved.items()):
         return text
     alternatives = "|".join(re.escape(m) for m in sorted(moved, key=len, reverse=True))
     pattern = re.compile(rf"(?:^|(?<==)|(?<=unix://))({alternatives})(?=/|$)")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +33,7 @@ from tests.reliability.conftest import MiB, assert_consistent, kill_group, mount
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 SYNCS = ("fsync", "fdatasync")
-LINE = re.compile(r"^(\d+) (\d+\.\d+) (\w+)\((\d+)<([^>]*)>(.*)$")
+LINE = re.compile(r"^(\d+)\s+(\d+\.\d+) (\w+)\((\d+)<([^>]*)>(.*)$")
 HEX = re.compile(r"\\x([0-9a-f]{2})")
 
 
@@ -60,6 +61,18 @@ def parse(trace: Path) -> list[Syscall]:
             calls.append((float(m.group(2)), m.group(3), path, data))
     calls.sort(key=lambda c: c[0])
     return [Syscall(i, t, name, path, data) for i, (t, name, path, data) in enumerate(calls)]
+
+
+def traced_until(trace: Path, reply: bytes, timeout: float = 30.0) -> list[Syscall]:
+    """The trace once it holds the socket write carrying `reply`. strace writes its file on its own
+    schedule, behind the traced process under load, so the reply reaching the client does not mean
+    the trace shows it yet."""
+    deadline = time.monotonic() + timeout
+    while True:
+        calls = parse(trace)
+        if any(c.name.startswith("send") and reply in c.data for c in calls) or time.monotonic() > deadline:
+            return calls
+        time.sleep(0.05)
 
 
 def first(calls: list[Syscall], after: Syscall | None, what: str, match: object) -> Syscall:
@@ -117,7 +130,7 @@ def _create(t: Traced, name: str, **source: str) -> str:
 
 def assert_file_dir_record_reply(t: Traced, kind: str, object_id: str) -> None:
     """fsync(<kind>/<id>.img) < fsync(<kind>/) < WAL sync < the reply carrying the id."""
-    calls = parse(t.trace)
+    calls = traced_until(t.trace, object_id.encode())
     directory = str(t.data / kind)
     file_sync = first(calls, None, f"fsync of the new {kind} file", f"{directory}/{object_id}.img")
     dir_sync = first(calls, file_sync, f"fsync of {directory}", directory)
@@ -149,7 +162,7 @@ def test_expand_records_then_syncs_the_grown_file_before_the_reply(traced: Trace
     )
     reply = traced.client.controller.ControllerExpandVolume(request, timeout=60)
     assert reply.capacity_bytes == 64 * MiB
-    calls = parse(traced.trace)
+    calls = traced_until(traced.trace, _reply_frame(reply.SerializeToString()))
     path = str(traced.data / "volumes" / f"{volume}.img")
     created = first(calls, None, "fsync at create", path)
     wal = first(calls, created, "sync of the new size", str(traced.data / "state.db-wal"))
