@@ -368,5 +368,9 @@ class LocalBackend(LocalReporting, SnapshotOperations, Backend):
         path = self.volume_path(volume_id)
         return self._devices.prepared(volume_id, path, self._row(volume_id).size)
 
+    def never_written(self, volume_id: str) -> bool:
+        """The backing file has no data extent at all (SEEK_DATA finds none): every byte reads zero."""
+        return files.has_no_data(self.volume_path(volume_id))
+
     def release_device(self, volume_id: str) -> None:
         self._devices.release(self.volume_path(volume_id))

@@ -163,6 +163,20 @@ def size_of(path: str) -> int | None:
         return None
 
 
+def has_no_data(path: str) -> bool:
+    """True when `path` has no data extent (SEEK_DATA from 0 finds none, counting data still in the
+    page cache): every byte of it reads as zero. False when it has data, or the filesystem cannot say
+    (Linux then treats the whole file as data); a missing file -> FileNotFoundError."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.lseek(fd, 0, os.SEEK_DATA)
+    except OSError as exc:
+        return exc.errno == errno.ENXIO
+    finally:
+        os.close(fd)
+    return False
+
+
 def free_bytes(directory: str) -> int:
     """Bytes an unprivileged writer may still allocate on the filesystem holding `directory`."""
     st = os.statvfs(directory)
