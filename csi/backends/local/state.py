@@ -198,8 +198,9 @@ class Store:
         rows = self._read("SELECT * FROM volumes WHERE seq > ? ORDER BY seq LIMIT ?", (after_seq, limit))
         return [_volume(r) for r in rows]
 
-    def volume_ids(self) -> set[str]:
-        return {r["id"] for r in self._read("SELECT id FROM volumes")}
+    def volume_sizes(self) -> dict[str, int]:
+        """Every volume's recorded size by id (no record decoded): what start-up reconciles against."""
+        return {r["id"]: r["size"] for r in self._read("SELECT id, size FROM volumes")}
 
     def provisioned_bytes(self) -> int:
         return int(self._read("SELECT COALESCE(SUM(size), 0) AS s FROM volumes")[0]["s"])
