@@ -110,6 +110,9 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- with .Values.backend.aws.endpointUrl }}
 - --aws-endpoint-url={{ . }}
 {{- end }}
+{{- with .Values.backend.aws.describeBatchWindow }}
+- --aws-describe-batch-window={{ . }}
+{{- end }}
 {{- end }}
 {{- if and .Values.migration.enabled .Values.migration.featureGates }}
 - --feature-gates={{ include "ballast.migrationGates" . }}
