@@ -1,5 +1,5 @@
 # Entry points; the README's two commands are `make demo` and `make test`.
-.PHONY: setup test demo proto lint
+.PHONY: setup test demo proto lint e2e
 
 setup:
 	scripts/setup
@@ -16,3 +16,7 @@ proto:
 
 lint: setup
 	.venv/bin/ruff check csi shim tests benchmarks && .venv/bin/mypy
+
+# The Kubernetes test bed alone (real control plane + sidecars; builds them on first use).
+e2e:
+	scripts/test tests/e2e
