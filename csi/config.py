@@ -13,8 +13,6 @@ import socket
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from shim.gates import FeatureGateError, FeatureGates
-
 DEFAULT_DRIVER_NAMES = {"local": "local.csi.ballast.dev", "aws": "ebs.csi.aws.com"}
 BACKENDS = tuple(DEFAULT_DRIVER_NAMES)
 MODES = ("all", "controller", "node")
@@ -39,7 +37,6 @@ class ServerConfig(NamedTuple):
     metrics_address: str = ""
     log_format: str = "text"
     log_level: str = "info"
-    feature_gates: str = ""
 
 
 class BackendConfig(NamedTuple):
@@ -78,9 +75,6 @@ class Config(NamedTuple):
     @property
     def runs_node(self) -> bool:
         return self.server.mode in ("all", "node")
-
-    def gates(self) -> FeatureGates:
-        return FeatureGates.parse(self.server.feature_gates)
 
 
 class _VersionAction(argparse.Action):
@@ -129,14 +123,6 @@ def _non_negative(text: str) -> int:
     if not text.isdigit():
         raise argparse.ArgumentTypeError(f"must be a whole number >= 0, got {text!r}")
     return int(text)
-
-
-def _gates(text: str) -> str:
-    try:
-        FeatureGates.parse(text)
-    except FeatureGateError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from exc
-    return text
 
 
 def _endpoint(text: str) -> str:
@@ -197,12 +183,6 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("debug", "info", "warning", "error"),
         default=_env("BALLAST_LOG_LEVEL", "info"),
         help="log level [BALLAST_LOG_LEVEL] (default: info)",
-    )
-    srv.add_argument(
-        "--feature-gates",
-        type=_gates,
-        default=_env("BALLAST_FEATURE_GATES", ""),
-        help="Kubernetes-style gates, e.g. CSIMigration=true,CSIMigrationAWS=false [BALLAST_FEATURE_GATES]",
     )
     be = p.add_argument_group("backend")
     be.add_argument(
@@ -321,7 +301,6 @@ def from_namespace(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> C
             metrics_address=ns.metrics_address,
             log_format=ns.log_format,
             log_level=ns.log_level,
-            feature_gates=ns.feature_gates,
         ),
         backend=BackendConfig(
             name=ns.backend,

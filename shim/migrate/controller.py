@@ -58,7 +58,7 @@ class Controller:
         self._queue = WorkQueue()
         self._claim_to_pv: dict[str, str] = {}
         self._failures: dict[str, int] = {}
-        self.pvs = Reflector(client, kube.PVS, self._on_pv)
+        self.pvs = Reflector(client, kube.PVS, self._on_pv, labelSelector=args.selector or None)
         self.pvcs = Reflector(client, kube.PVCS, self._on_pvc)
         self.pods = Reflector(client, kube.PODS, self._on_pod)
         self.attachments = Reflector(client, kube.VOLUME_ATTACHMENTS, self._on_attachment)

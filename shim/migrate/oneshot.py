@@ -100,7 +100,7 @@ def _plugin_of(pv: o.JsonObj, actor: Actor, direction: str) -> str | None:
 
 def select(args: argparse.Namespace, actor: Actor, direction: str) -> list[str]:
     """PV names to run, in name order (see the module docstring); unfinished journals included."""
-    pvs, _ = actor.client.list_all(kube.PVS)
+    pvs, _ = actor.client.list_all(kube.PVS, labelSelector=args.selector or None)
     names = {o.name_of(pv) for pv in pvs}
     missing = [n for n in args.pv if n not in names]
     journals = {pv_of(lease) for lease in actor.locks.list_leases() if has_journal(lease)}

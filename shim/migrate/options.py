@@ -127,6 +127,16 @@ def _connection(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _selector(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--selector",
+        "-l",
+        default="",
+        metavar="LABELS",
+        help="only PVs with these labels (a Kubernetes label selector, e.g. migrate=wave-1): migrate in waves",
+    )
+
+
 def _actor(parser: argparse.ArgumentParser, default_workers: int) -> None:
     parser.add_argument(
         "--holder-identity",
@@ -161,6 +171,7 @@ def _controller(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     )
     _connection(p)
     _actor(p, 10)
+    _selector(p)
     p.add_argument(
         "--feature-gates",
         type=gates,
@@ -211,6 +222,7 @@ def _one_shot(commands: argparse._SubParsersAction[argparse.ArgumentParser], nam
     )
     _connection(p)
     _actor(p, 10)
+    _selector(p)
     p.add_argument("--pv", action="append", default=[], metavar="NAME", help="only this PV (repeatable)")
     p.add_argument(
         "--plugin",
@@ -243,6 +255,7 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     _one_shot(commands, "rollback", "roll converted PVs back to their in-tree originals now")
     p = commands.add_parser("status", help="show each in-tree or converted PV and its state")
     _connection(p)
+    _selector(p)
     p.add_argument("--pv", action="append", default=[], metavar="NAME", help="only this PV (repeatable)")
     p.add_argument("--plugin", action="append", type=plugin, default=[], metavar="NAME")
     p.add_argument("-o", "--output", choices=("table", "json"), default="table")

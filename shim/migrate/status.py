@@ -73,7 +73,7 @@ def _volume_row(pv: o.JsonObj, usage: Usage) -> VolumeRow | None:
 def volume_rows(
     args: argparse.Namespace, client: kube.KubeClient, locks: PVLocks, usage: Usage
 ) -> list[VolumeRow]:
-    pvs = {o.name_of(pv): pv for pv in client.list_all(kube.PVS)[0]}
+    pvs = {o.name_of(pv): pv for pv in client.list_all(kube.PVS, labelSelector=args.selector or None)[0]}
     leases = {pv_of(lease): lease for lease in locks.list_leases()}
     rows: list[VolumeRow] = []
     for name in sorted(set(pvs) | set(leases)):
