@@ -17,11 +17,11 @@ from shim.migrate import logs, oneshot, status
 from shim.migrate.actor import build, connect
 from shim.migrate.controller import Controller
 from shim.migrate.journal import CONVERT, ROLLBACK
-from shim.migrate.kube import PVS, ApiError, KubeClient, KubeConfigError
+from shim.migrate.kube import PVS, ApiError, KubeClient
 from shim.migrate.leader import ElectionConfig, LeaderElector
 from shim.migrate.lock import Holder, PVLocks
 from shim.migrate.metrics import Metrics, MetricsServer
-from shim.migrate.options import UsageError, check, version
+from shim.migrate.options import KubeConfigError, UsageError, check, version
 from shim.migrate.usage import LiveClaims, live_usage
 
 LEADER_LEASE = "ballast-migrate-controller"

@@ -279,19 +279,21 @@ def connect(
 ) -> KubeClient:
     """A client from `kubeconfig`, or from the in-cluster service account when it is None."""
     try:
+        import yaml
         from kubernetes import client, config
         from kubernetes.config.config_exception import ConfigException
     except ImportError:
         raise KubeConfigError("the kubernetes package is missing (pip install 'ballast-csi[kube]')") from None
     configuration = client.Configuration()
+    loaders: Any = config  # the package's loaders carry no type hints
     try:
         if kubeconfig is None:
-            config.load_incluster_config(client_configuration=configuration)
+            loaders.load_incluster_config(client_configuration=configuration)
         else:
-            config.load_kube_config(
+            loaders.load_kube_config(
                 config_file=kubeconfig, context=context, client_configuration=configuration
             )
-    except (ConfigException, OSError, ValueError, TypeError) as exc:
+    except (ConfigException, OSError, ValueError, TypeError, yaml.YAMLError) as exc:
         where = kubeconfig or "in-cluster configuration"
         raise KubeConfigError(f"{where}: cannot use it: {exc}") from None
     connection = Connection(

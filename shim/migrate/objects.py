@@ -156,7 +156,7 @@ def convert_target(translator: Translator, record: JsonObj, journal_id: str, ide
 
 def rollback_target(record: JsonObj, current: JsonObj, journal_id: str) -> JsonObj:
     """The in-tree PV a rollback creates from `record`, with the live claimRef and grown capacity."""
-    target = json_copy(record)
+    target: JsonObj = json_copy(record)
     spec = target["spec"]
     live_ref = (current.get("spec") or {}).get("claimRef")
     if live_ref is None:

@@ -133,7 +133,7 @@ def _selector(parser: argparse.ArgumentParser) -> None:
         "-l",
         default="",
         metavar="LABELS",
-        help="only PVs with these labels (a Kubernetes label selector, e.g. migrate=wave-1): migrate in waves",
+        help="only PVs with these labels (a label selector, e.g. migrate=wave-1): migrate in waves",
     )
 
 
