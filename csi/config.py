@@ -52,6 +52,7 @@ class BackendConfig(NamedTuple):
 
 class NodeConfig(NamedTuple):
     node_id: str = ""
+    node_name: str = ""  # Kubernetes Node name, for the startup taint; empty: not handled
     max_volumes_per_node: int = 0  # 0: backend default
     kubelet_dir: str = "/var/lib/kubelet"
     allowed_path_prefixes: tuple[str, ...] = ()
@@ -237,6 +238,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="node id reported by NodeGetInfo [CSI_NODE_ID] (default: the host name; aws: instance id)",
     )
     nd.add_argument(
+        "--node-name",
+        default=_env("CSI_NODE_NAME", ""),
+        help="Kubernetes Node this plugin serves; once registered it removes the startup taint "
+        "<driver-name>/agent-not-ready from that Node; empty: leave taints alone [CSI_NODE_NAME]",
+    )
+    nd.add_argument(
         "--max-volumes-per-node",
         type=_non_negative,
         default=_env("BALLAST_MAX_VOLUMES_PER_NODE", "0"),
@@ -314,6 +321,7 @@ def from_namespace(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> C
         ),
         node=NodeConfig(
             node_id=ns.node_id or socket.gethostname(),
+            node_name=ns.node_name,
             max_volumes_per_node=ns.max_volumes_per_node,
             kubelet_dir=_absolute(parser, "--kubelet-dir", ns.kubelet_dir),
             allowed_path_prefixes=prefixes,

@@ -181,8 +181,16 @@ def run(config: Config) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     driver.start()
+    remover = None
+    if config.runs_node and config.node.node_name:
+        from csi.taint import StartupTaintRemover
+
+        remover = StartupTaintRemover(config.backend.driver_name, config.node.node_name)
+        remover.start()
     _settle_collector()
     stop.wait()
+    if remover is not None:
+        remover.stop()
     driver.stop()
     log.info("stopped")
     return 0

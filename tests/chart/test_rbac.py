@@ -1,4 +1,5 @@
-"""Each sidecar's ClusterRole grants exactly what it needs, bound to the controller's ServiceAccount only."""
+"""Each sidecar's ClusterRole grants exactly what it needs, bound to the controller's ServiceAccount only;
+the node plugin's role (startup taint removal) is bound to the node's ServiceAccount only."""
 
 from __future__ import annotations
 
@@ -46,6 +47,11 @@ EXPECTED: dict[str, set[R]] = {
         rule("snapshot.storage.k8s.io", "volumesnapshotcontents", *WATCH, "update", "patch"),
         rule("snapshot.storage.k8s.io", "volumesnapshotcontents/status", "update", "patch"),
     },
+    # The node plugin: reads its CSINode, removes <driver>/agent-not-ready from its own Node.
+    "node": {
+        rule("storage.k8s.io", "csinodes", "get"),
+        rule("", "nodes", "get", "patch"),
+    },
 }
 LEASES = {rule("coordination.k8s.io", "leases", "get", "watch", "list", "delete", "update", "create")}
 
@@ -83,19 +89,20 @@ def test_leases_role_is_namespaced_and_only_for_leases(set_id: str) -> None:
     assert flatten(role) == LEASES
 
 
-def test_every_binding_names_the_controller_service_account_only(set_id: str) -> None:
+def test_every_binding_names_the_service_account_of_its_pod_only(set_id: str) -> None:
     """The driver's bindings (the migration controller's own are checked in test_migration)."""
     objects = [o for o in render(set_id) if component(o) != "migration"]
     account = pod_spec(only(objects, "Deployment"))["serviceAccountName"]
+    node_account = pod_spec(only(objects, "DaemonSet"))["serviceAccountName"]
+    assert node_account != account
     bindings = of_kind(objects, "ClusterRoleBinding") + of_kind(objects, "RoleBinding")
     roles = {r["metadata"]["name"] for r in of_kind(objects, "ClusterRole") + of_kind(objects, "Role")}
     snapshotter = values_of(set_id)["sidecars"]["snapshotter"]["enabled"]
-    assert len(of_kind(objects, "ClusterRoleBinding")) == (4 if snapshotter else 3)
+    assert len(of_kind(objects, "ClusterRoleBinding")) == (5 if snapshotter else 4)
     for binding in bindings:
+        expected = node_account if binding["roleRef"]["name"].endswith("-node") else account
         assert binding["subjects"] == [
-            {"kind": "ServiceAccount", "name": account, "namespace": "kube-system"}
+            {"kind": "ServiceAccount", "name": expected, "namespace": "kube-system"}
         ]
         assert binding["roleRef"]["name"] in roles
-    node_account = pod_spec(only(objects, "DaemonSet"))["serviceAccountName"]
-    assert node_account != account
-    assert {s.get("name") for b in bindings for s in b["subjects"]} == {account}
+    assert {s.get("name") for b in bindings for s in b["subjects"]} == {account, node_account}

@@ -69,9 +69,14 @@ def test_node_pod_is_node_critical_and_tolerates_taints(set_id: str) -> None:
     assert spec["tolerations"] == expected
 
 
-def test_node_service_account_gets_no_token(set_id: str) -> None:
-    daemonset = only(render(set_id), "DaemonSet")
-    assert pod_spec(daemonset)["automountServiceAccountToken"] is False
+def test_node_plugin_gets_a_token_and_its_node_name_for_the_startup_taint(set_id: str) -> None:
+    """The node plugin removes <driver>/agent-not-ready from its Node: it needs a token (its role is
+    checked in test_rbac) and the name of the Node it runs on."""
+    spec = pod_spec(only(render(set_id), "DaemonSet"))
+    assert spec["automountServiceAccountToken"] is True
+    plugin = next(c for c in spec["containers"] if c["name"] == "ballast-plugin")
+    env = {e["name"]: e for e in plugin["env"]}
+    assert env["CSI_NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
 
 
 def test_local_backend_mounts_the_data_dir_in_both_pods() -> None:

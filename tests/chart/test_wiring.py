@@ -79,6 +79,7 @@ def test_driver_name_follows_the_backend(set_id: str) -> None:
         "podInfoOnMount": False,
         "fsGroupPolicy": "File",
         "volumeLifecycleModes": ["Persistent"],
+        "seLinuxMount": True,
     }
     for workload in (only(objects, "Deployment"), only(objects, "DaemonSet")):
         args = resolved_args(containers(workload)["ballast-plugin"])

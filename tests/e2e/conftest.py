@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.e2e.cluster import Cluster, running_cluster
-from tests.e2e.kube import Kube, namespaces
+from tests.e2e.kube import Kube, namespaces, service_accounts
 
 
 @pytest.fixture(scope="session")
@@ -33,6 +33,8 @@ def kube(cluster: Cluster) -> Kube:
 def namespace(kube: Kube) -> Iterator[str]:
     name = f"e2e-{uuid.uuid4().hex[:8]}"
     kube.create(namespaces(), {"metadata": {"name": name}})
+    # Pods need the namespace's default ServiceAccount (admission refuses them until it exists).
+    kube.wait(service_accounts(name, "default"), lambda _: True, 30, f"the default ServiceAccount in {name}")
     try:
         yield name
     finally:
