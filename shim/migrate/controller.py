@@ -10,10 +10,13 @@ Leases, and puts keys on a work queue whenever something relevant changes, plus 
   first whatever the gates say. Pods, attachments and claims re-queue the PVs they concern, so a PV
   that waited for being in use moves as soon as it is free.
 - `sc/<name>`: an in-tree StorageClass whose gate is on gets its twin; our twin whose gate is off is
-  removed once no PVC names it.
+  removed once no PVC names it. StorageClasses are listed at start and every resync, and read one by
+  one (RBAC gives the controller no watch on them); a PVC naming a twin re-queues that twin.
 - `pod/<ns>/<name>`: in-tree inline volumes are counted and reported (Event once per pod), never moved.
 
-A worker never dies of an error: it is logged, and the key retried with backoff.
+A worker never dies of an error: it is logged, and the key retried with backoff. A PV that was skipped
+(bad input) or refused (left for a person) is held back until it changes or the next resync, so two
+controllers never bounce a refused journal between them.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from shim.migrate import objects as o
 from shim.migrate.actor import Actor, build
 from shim.migrate.cache import Reflector, key_of
 from shim.migrate.controller_sync import Syncer
-from shim.migrate.engine import BUSY, FAILED, PENDING, WAITING, Outcome
+from shim.migrate.engine import BUSY, FAILED, PENDING, REFUSED, SKIPPED, WAITING, Outcome
 from shim.migrate.lock import ANN_JOURNAL, LOCK_SELECTOR, has_journal, holder_of, pv_of
 from shim.migrate.metrics import Metrics
 from shim.migrate.usage import UsageFrom, claims_of_pod
@@ -58,11 +61,11 @@ class Controller:
         self._queue = WorkQueue()
         self._claim_to_pv: dict[str, str] = {}
         self._failures: dict[str, int] = {}
+        self._held: dict[str, float] = {}  # key -> monotonic time until which it is not retried
         self.pvs = Reflector(client, kube.PVS, self._on_pv, labelSelector=args.selector or None)
         self.pvcs = Reflector(client, kube.PVCS, self._on_pvc)
         self.pods = Reflector(client, kube.PODS, self._on_pod)
         self.attachments = Reflector(client, kube.VOLUME_ATTACHMENTS, self._on_attachment)
-        self.classes = Reflector(client, kube.STORAGE_CLASSES, self._on_class)
         self.leases = Reflector(
             client, kube.LEASES, self._on_lease, args.namespace, labelSelector=LOCK_SELECTOR
         )
@@ -73,7 +76,7 @@ class Controller:
 
     @property
     def reflectors(self) -> tuple[Reflector, ...]:
-        return (self.pvs, self.pvcs, self.pods, self.attachments, self.classes, self.leases)
+        return (self.pvs, self.pvcs, self.pods, self.attachments, self.leases)
 
     # ---------------------------------------------------------------- events -> keys
 
@@ -86,7 +89,9 @@ class Controller:
                     self._claim_to_pv[key] = o.name_of(obj or {})
                 elif self._claim_to_pv.get(key) == o.name_of(obj or {}):
                     del self._claim_to_pv[key]
-        self._queue.add("pv/" + o.name_of(new or old or {}))
+        key = "pv/" + o.name_of(new or old or {})
+        self._held.pop(key, None)  # it changed: whatever held it back may be fixed
+        self._queue.add(key)
 
     def _on_pvc(self, old: o.JsonObj | None, new: o.JsonObj | None) -> None:
         obj = new or old or {}
@@ -94,7 +99,7 @@ class Controller:
         if pv:
             self._queue.add(f"pv/{pv}")
         storage_class = (obj.get("spec") or {}).get("storageClassName")
-        if storage_class:
+        if storage_class in self._sync.twins:
             self._queue.add(f"sc/{storage_class}")
 
     def _on_pod(self, old: o.JsonObj | None, new: o.JsonObj | None) -> None:
@@ -113,14 +118,10 @@ class Controller:
         if source.get("persistentVolumeName"):
             self._queue.add(f"pv/{source['persistentVolumeName']}")
 
-    def _on_class(self, old: o.JsonObj | None, new: o.JsonObj | None) -> None:
-        self._queue.add("sc/" + o.name_of(new or old or {}))
-
     def _on_lease(self, old: o.JsonObj | None, new: o.JsonObj | None) -> None:
-        """Another actor released a lock with an unfinished journal: pick it up."""
-        if new is None or holder_of(new) == self._args.holder_identity:
-            return
-        if o.annotations_of(new).get(ANN_JOURNAL):
+        """A lock with an unfinished journal lost its holder (released, paused): pick it up. Leases
+        held by someone are left to expire (the busy retry and the resync come back to them)."""
+        if new is not None and not holder_of(new) and o.annotations_of(new).get(ANN_JOURNAL):
             self._queue.add(f"pv/{pv_of(new)}")
 
     def enqueue_all(self) -> None:
@@ -129,7 +130,7 @@ class Controller:
         for lease in self.leases.store.items():
             if has_journal(lease):
                 self._queue.add(f"pv/{pv_of(lease)}")
-        for sc in self.classes.store.items():
+        for sc in self._sync.list_classes():
             self._queue.add("sc/" + o.name_of(sc))
         for pod in self.pods.store.items():
             if any(in_tree_source_key(v) for v in (pod.get("spec") or {}).get("volumes") or []):
@@ -155,7 +156,7 @@ class Controller:
         log.info(
             "caches synced; %d PVs, %d StorageClasses",
             len(self.pvs.store.keys()),
-            len(self.classes.store.keys()),
+            len(self.leases.store.keys()),
         )
         self.enqueue_all()
         self._workers = [
@@ -195,6 +196,8 @@ class Controller:
         self._queue.add_after(key, min(MAX_BACKOFF, 2.0**failures))
 
     def _process(self, key: str) -> None:
+        if self._held.get(key, 0.0) > time.monotonic():
+            return
         kind, _, name = key.partition("/")
         if kind == "pv":
             self._after(key, self._sync.pv(name))
@@ -210,7 +213,9 @@ class Controller:
             self._retry(key)
             return
         self._failures.pop(key, None)
-        if result == PENDING:
+        if result in (REFUSED, SKIPPED):
+            self._held[key] = time.monotonic() + self._args.resync_period * 0.9
+        elif result == PENDING:
             self._queue.add_after(key, PENDING_RETRY)
         elif result == BUSY:
             self._queue.add_after(key, self._args.lock_duration / 2)

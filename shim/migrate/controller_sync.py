@@ -13,6 +13,7 @@ from shim.migrate import objects as o
 from shim.migrate.actor import Actor
 from shim.migrate.events import NORMAL, WARNING, Ref
 from shim.migrate.journal import CONVERT, ROLLBACK
+from shim.migrate.kube import STORAGE_CLASSES, ApiError
 from shim.migrate.lock import lease_name
 from shim.migrate.twins import ANN_PLUGIN, is_twin
 from shim.migrate.usage import is_terminated
@@ -33,6 +34,7 @@ class Syncer:
         self._gates = gates
         self._dry_run = dry_run
         self.inline: dict[str, list[str]] = {}  # pod key -> plugins of its in-tree inline volumes
+        self.twins: set[str] = set()  # names of our twins seen in the last list
         self._waiting: set[str] = set()
         self._lock = threading.Lock()
 
@@ -89,10 +91,20 @@ class Syncer:
 
     # ---------------------------------------------------------------- StorageClasses
 
+    def list_classes(self) -> list[o.JsonObj]:
+        """Every StorageClass (listed: the controller may not watch them); remembers our twins."""
+        classes, _ = self._actor.client.list_all(STORAGE_CLASSES)
+        with self._lock:
+            self.twins = {o.name_of(sc) for sc in classes if is_twin(sc)}
+        return classes
+
     def storage_class(self, name: str) -> None:
-        sc = self._controller.classes.store.get(name)
-        if sc is None:
-            return
+        try:
+            sc = self._actor.client.get(STORAGE_CLASSES, name)
+        except ApiError as exc:
+            if exc.not_found:
+                return
+            raise
         if is_twin(sc):
             plugin = o.annotations_of(sc).get(ANN_PLUGIN, "")
             if not self._gates.is_migration_enabled(plugin):
@@ -105,6 +117,8 @@ class Syncer:
             log.info("dry run: StorageClass %s: would get twin %s", name, self._actor.twins.desired(sc))
             return
         result = self._actor.twins.ensure(sc)
+        with self._lock:
+            self.twins.add(result.twin)
         log.log(
             logging.INFO if result.result == "done" else logging.DEBUG, "StorageClass %s: %s", name, result
         )

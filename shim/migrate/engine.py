@@ -14,6 +14,7 @@ planned (dry run: what would be created).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import uuid
@@ -26,7 +27,7 @@ from shim.migrate.events import NORMAL, WARNING, Ref
 from shim.migrate.journal import CONVERT, ROLLBACK, Journal, JournalError
 from shim.migrate.kube import ApiError
 from shim.migrate.lock import Busy, LockLost, PVLock, PVLocks
-from shim.migrate.steps import STEP_FUNCTIONS, Context, InUse, Pending, Refused, get_pv, patch_fresh
+from shim.migrate.steps import STEP_FUNCTIONS, Changed, Context, InUse, Pending, Refused, get_pv, patch_fresh
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +74,8 @@ class Engine:
             return Outcome(name, direction, NOOP, "the PV is being deleted")
         if phase == "Released" and o.reclaim_policy(pv) == o.DELETE:
             return Outcome(name, direction, NOOP, "Released with policy Delete: its disk is being reclaimed")
+        if phase == "Available" and o.claim_ref(pv) is not None and not o.claim_ref(pv).uid:  # type: ignore[union-attr]
+            return Outcome(name, direction, WAITING, "pre-bound to a claim; waiting for the PV binder")
         if phase not in ELIGIBLE_PHASES:
             return Outcome(
                 name,
@@ -259,6 +262,8 @@ class Engine:
             lock.save(journal)
             return Outcome(name, direction, PENDING, str(exc))
         except InUse as exc:
+            return self._abort(lock, journal, f"in use by {exc}; nothing was changed")
+        except Changed as exc:
             return self._abort(lock, journal, str(exc))
         except Refused as exc:
             return self._stuck(journal, exc)
@@ -288,20 +293,16 @@ class Engine:
         )
         return Outcome(journal.pv, journal.direction, DONE, message)
 
-    def _abort(self, lock: PVLock, journal: Journal, users: str) -> Outcome:
-        """In use before the old PV was deleted: put its policy back and drop the journal."""
-        try:
-            patch_fresh(
-                self.ctx,
-                journal.pv,
-                journal.source_uid,
-                lambda pv: (
-                    None
-                    if o.reclaim_policy(pv) == journal.policy
-                    else {"spec": {"persistentVolumeReclaimPolicy": journal.policy}}
-                ),
-            )
-        except Refused as exc:
-            return self._stuck(journal, exc)
+    def _abort(self, lock: PVLock, journal: Journal, why: str) -> Outcome:
+        """Stopped before the old PV was deleted: put its policy back (when it is still there) and drop
+        the journal, so the next attempt starts from a fresh record."""
+
+        def put_back(pv: o.JsonObj) -> o.JsonObj | None:
+            if o.reclaim_policy(pv) == journal.policy:
+                return None
+            return {"spec": {"persistentVolumeReclaimPolicy": journal.policy}}
+
+        with contextlib.suppress(Changed):  # the old PV is gone or replaced: no policy of ours to put back
+            patch_fresh(self.ctx, journal.pv, journal.source_uid, put_back, gone=Changed)
         lock.save(None)
-        return Outcome(journal.pv, journal.direction, WAITING, f"in use by {users}; nothing was changed")
+        return Outcome(journal.pv, journal.direction, WAITING, why)

@@ -6,9 +6,10 @@ released once it carries Retain, and the new PV is created with Retain. The reco
 in the last step, and a Delete policy does not come back when the claim vanished meanwhile (the PV
 would be Released, and Delete would remove the disk the user still has to decide about).
 
-Steps raise Pending (wait for the cluster, try again later), InUse (the volume became busy before it
-was deleted: the engine undoes Retain and drops the journal) or Refused (the cluster is not as the
-journal expects; a person must look; the journal is kept).
+Steps raise Pending (wait for the cluster, try again later), InUse or Changed (before the old PV was
+deleted, it became used, or it changed or went: nothing destructive happened, so the engine puts the
+reclaim policy back and drops the journal) or Refused (after the old PV was deleted, the cluster is not
+as the journal expects; a person must look; the journal is kept).
 """
 
 from __future__ import annotations
@@ -45,6 +46,10 @@ class Pending(Exception):
 
 class InUse(Exception):
     """The volume became used before its old PV was deleted."""
+
+
+class Changed(Exception):
+    """The old PV changed, was replaced or went before it was deleted; start over from a fresh record."""
 
 
 class Refused(Exception):
@@ -88,13 +93,19 @@ def same_content(a: JsonObj, b: JsonObj) -> bool:
     return key(a) == key(b)
 
 
-def patch_fresh(ctx: Context, name: str, uid: str, change: Callable[[JsonObj], JsonObj | None]) -> None:
+def patch_fresh(
+    ctx: Context,
+    name: str,
+    uid: str,
+    change: Callable[[JsonObj], JsonObj | None],
+    gone: type[Exception] = Refused,
+) -> None:
     """Apply `change(pv)` (None: nothing to do) as a patch conditional on uid and resourceVersion;
-    a 409 conflict re-reads the PV and tries again. A missing or replaced PV is Refused."""
+    a 409 conflict re-reads the PV and tries again. A missing or replaced PV raises `gone`."""
     for _ in range(CONFLICT_ATTEMPTS):
         pv = get_pv(ctx, name)
         if pv is None or uid_of(pv) != uid:
-            raise Refused(f"PV {name} (uid {uid}) vanished or was replaced while the step ran")
+            raise gone(f"PV {name} (uid {uid}) vanished or was replaced while the step ran")
         patch = change(pv)
         if patch is None:
             return
@@ -117,11 +128,11 @@ def _source(ctx: Context, j: Journal, source: JsonObj) -> JsonObj:
     """The PV being replaced, checked to be the one the journal recorded."""
     pv = get_pv(ctx, j.pv)
     if pv is None:
-        raise Refused(f"PV {j.pv} vanished before it was replaced; the journal is left for a person")
+        raise Changed(f"PV {j.pv} was deleted by someone else before the {j.direction} replaced it")
     if uid_of(pv) != j.source_uid:
-        raise Refused(f"PV {j.pv} was replaced by another actor (uid {uid_of(pv)}, recorded {j.source_uid})")
+        raise Changed(f"PV {j.pv} was replaced by another actor (uid {uid_of(pv)}, recorded {j.source_uid})")
     if not same_content(record_of(pv), source):
-        raise Refused(f"PV {j.pv} was changed after its record was taken; the journal is left for a person")
+        raise Changed(f"PV {j.pv} changed after its record was taken (bound meanwhile?); starting over")
     return pv
 
 
@@ -134,7 +145,7 @@ def _set_policy(policy: str) -> Callable[[JsonObj], JsonObj | None]:
 
 def retain(ctx: Context, j: Journal, source: JsonObj) -> None:
     _source(ctx, j, source)
-    patch_fresh(ctx, j.pv, j.source_uid, _set_policy(RETAIN))
+    patch_fresh(ctx, j.pv, j.source_uid, _set_policy(RETAIN), gone=Changed)
 
 
 def delete(ctx: Context, j: Journal, source: JsonObj) -> None:
@@ -144,7 +155,7 @@ def delete(ctx: Context, j: Journal, source: JsonObj) -> None:
         return
     pv = _source(ctx, j, source)
     if reclaim_policy(pv) != RETAIN:
-        patch_fresh(ctx, j.pv, j.source_uid, _set_policy(RETAIN))
+        patch_fresh(ctx, j.pv, j.source_uid, _set_policy(RETAIN), gone=Changed)
     users = ctx.usage.users(pv)
     if users:
         raise InUse(", ".join(users))
