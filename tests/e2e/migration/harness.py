@@ -11,6 +11,7 @@ or lease timings, or leader election off. So a rule missing from the chart's RBA
 from __future__ import annotations
 
 import re
+import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -52,9 +53,12 @@ class Controller:
     identity: str
 
     def metrics(self) -> dict[str, float]:
-        """Its /metrics, summed by series name plus labels as written."""
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as resp:
-            text = resp.read().decode()
+        """Its /metrics by series name plus labels as written (empty until it serves them)."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as resp:
+                text = resp.read().decode()
+        except (urllib.error.URLError, ConnectionError):
+            return {}
         found: dict[str, float] = {}
         for line in text.splitlines():
             if line and not line.startswith("#"):
