@@ -1,0 +1,204 @@
+"""EBS end to end: the driver on the local backend, deployed by the chart as `ebs.csi.aws.com`, serves a
+volume provisioned from a legacy `kubernetes.io/aws-ebs` StorageClass (an in-tree PV). A file written
+through the in-tree volume (kubelet's translation of it) reads back through the converted CSI PV, and
+again after the rollback, each time staged and published over gRPC after a real attach by the
+attach-detach controller and csi-attacher. While the pod uses the volume, the controller waits.
+The reclaim policy Delete still removes the disk after conversion and after rollback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from shim.migrate.objects import ANN_ORIGINAL, record_of
+from tests.conftest import require_root, require_tool
+from tests.e2e.cluster import Cluster
+from tests.e2e.deploy import Deployment, deployed_chart
+from tests.e2e.flows.conftest import AWS_ZONE, Testbed, flavor_values
+from tests.e2e.flows.helpers import backend_volume
+from tests.e2e.kube import Kube, csi_nodes, namespaces, phase_is, pvcs, pvs, storage_classes
+from tests.e2e.kubelet import RegisteredNode, register_node
+from tests.e2e.migration.harness import (
+    MOVE_TIMEOUT,
+    MigrationRelease,
+    back_in_tree,
+    cleanup,
+    converted_and_bound,
+    events_about,
+    migration_release,
+    unique,
+)
+from tests.e2e.migration.volumes import Kubelet, Mounted
+from tests.e2e.process import wait_for
+from tests.shim.migrate.samples import Obj
+
+pytestmark = [pytest.mark.slow, pytest.mark.root]
+AWS_GATES = "--feature-gates=CSIMigration=true,CSIMigrationAWS=true"
+OFF_GATES = "--feature-gates=CSIMigration=true,CSIMigrationAWS=false"
+MIGRATED_PLUGINS = "storage.alpha.kubernetes.io/migrated-plugins"
+
+
+@dataclass
+class Ebs:
+    kube: Kube
+    namespace: str
+    deployment: Deployment
+    node: RegisteredNode
+    kubelet: Kubelet
+    release: MigrationRelease
+    legacy_class: str
+
+    @property
+    def testbed(self) -> Testbed:
+        return Testbed("ebs-standin", self.kube, self.deployment, self.node)
+
+    def provision(self, claim: str, run: str) -> Obj:
+        """A claim of the legacy class, bound to the in-tree PV the driver provisioned; labelled `run`."""
+        self.kube.create(
+            pvcs(self.namespace),
+            {
+                "metadata": {"name": claim},
+                "spec": {
+                    "accessModes": ["ReadWriteOnce"],
+                    "storageClassName": self.legacy_class,
+                    "resources": {"requests": {"storage": "1Gi"}},
+                },
+            },
+        )
+        pvc = self.kube.wait(pvcs(self.namespace, claim), phase_is("Bound"), 90, f"claim {claim} bound")
+        name = pvc["spec"]["volumeName"]
+        return self.kube.patch(pvs(name), {"metadata": {"labels": {"e2e-run": run}}})
+
+
+@pytest.fixture(scope="module")
+def ebs(cluster: Cluster) -> Iterator[Ebs]:
+    require_root()
+    require_tool("mkfs.ext4")
+    kube, namespace = cluster.admin(), unique("ebs")
+    kube.create(namespaces(), {"metadata": {"name": namespace}})
+    legacy = unique("legacy-gp2")
+    kube.create(
+        storage_classes(),
+        {
+            "apiVersion": "storage.k8s.io/v1",
+            "kind": "StorageClass",
+            "metadata": {"name": legacy},
+            "provisioner": "kubernetes.io/aws-ebs",
+            "parameters": {"type": "gp2", "fsType": "ext4"},
+            "reclaimPolicy": "Delete",
+            "volumeBindingMode": "Immediate",
+        },
+    )
+    try:
+        # Snapshots play no part here: no VolumeSnapshot CRDs, no csi-snapshotter.
+        values = {**flavor_values("ebs-standin", ""), "volumeSnapshotClasses": []}
+        values["sidecars"] = {"snapshotter": {"enabled": False}}
+        with deployed_chart(cluster, values, namespace) as deployment:
+            node = register_node(kube, deployment, unique("node"))
+            # kubelet, with CSI migration on, lists the migrated plugins on its CSINode; the attach-detach
+            # controller then attaches in-tree aws-ebs volumes through ebs.csi.aws.com.
+            kube.patch(
+                csi_nodes(node.name),
+                {"metadata": {"annotations": {MIGRATED_PLUGINS: "kubernetes.io/aws-ebs"}}},
+            )
+            release = migration_release(cluster, namespace)
+            kubelet = Kubelet(kube, node, deployment.node_endpoint(node.name), deployment.workdir / "kubelet")
+            try:
+                yield Ebs(kube, namespace, deployment, node, kubelet, release, legacy)
+            finally:
+                cleanup(release)
+    finally:
+        kube.delete(storage_classes(legacy))
+        kube.delete(namespaces(namespace))
+
+
+def write_line(mounted: Mounted, line: str) -> None:
+    with open(mounted.target / "data.txt", "a", encoding="utf-8") as fh:
+        fh.write(line + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def read_lines(mounted: Mounted) -> list[str]:
+    return (mounted.target / "data.txt").read_text().splitlines()
+
+
+def test_data_written_in_tree_reads_back_through_the_csi_pv_and_after_rollback(ebs: Ebs) -> None:
+    run, kube, ns = unique("data"), ebs.kube, ebs.namespace
+    in_tree = ebs.provision("data", run)
+    name = in_tree["metadata"]["name"]
+    volume_id = in_tree["spec"]["awsElasticBlockStore"]["volumeID"]
+    assert volume_id.startswith(f"aws://{AWS_ZONE}/vol-")
+    writer = ebs.kubelet.start_pod(ns, "writer", "data", in_tree)
+    assert writer.handle == volume_id.rsplit("/", 1)[1], "kubelet's translation drops the aws://zone/ prefix"
+    write_line(writer, "written through the in-tree volume")
+    controller = ebs.release.start("ctrl", AWS_GATES, f"--selector=e2e-run={run}", "--leader-elect=false")
+    wait_for(
+        lambda: bool(events_about(kube, "default", name, "MigrationWaiting")),
+        60,
+        "waiting while in use",
+        diagnose=controller.process.tail,
+    )
+    assert "awsElasticBlockStore" in kube.get(pvs(name))["spec"], "in use: not converted"
+    ebs.kubelet.stop_pod(ns, writer, name)
+    converted = kube.wait(
+        pvs(name), converted_and_bound(kube, ns, "data"), MOVE_TIMEOUT, "converted once free"
+    )
+    check_topology(converted, ebs.node)
+    reader = ebs.kubelet.start_pod(ns, "reader", "data", converted)
+    assert reader.handle == writer.handle and converted["spec"]["csi"]["volumeHandle"] == writer.handle
+    assert read_lines(reader) == ["written through the in-tree volume"]
+    write_line(reader, "written through the CSI PV")
+    ebs.kubelet.stop_pod(ns, reader, name)
+    ebs.release.stop_all()
+    ebs.release.start("ctrl", OFF_GATES, f"--selector=e2e-run={run}", "--leader-elect=false")
+    back = kube.wait(
+        pvs(name), back_in_tree(kube, ns, "data", "awsElasticBlockStore"), MOVE_TIMEOUT, "rolled back"
+    )
+    assert record_of(back) == json.loads(converted["metadata"]["annotations"][ANN_ORIGINAL])
+    again = ebs.kubelet.start_pod(ns, "again", "data", back)
+    assert read_lines(again) == ["written through the in-tree volume", "written through the CSI PV"]
+    ebs.kubelet.stop_pod(ns, again, name)
+    deleted_with_its_claim(ebs, "data", back)
+
+
+def check_topology(converted: Obj, node: RegisteredNode) -> None:
+    """The translated node affinity names the driver's topology key, and the node the driver reports
+    (NodeGetInfo, written to the Node by kubelet) satisfies it."""
+    (term,) = converted["spec"]["nodeAffinity"]["required"]["nodeSelectorTerms"]
+    required = {e["key"]: e["values"] for e in term["matchExpressions"]}
+    assert required == {"topology.ebs.csi.aws.com/zone": [AWS_ZONE]}
+    assert all(node.topology.get(key) in values for key, values in required.items()), node.topology
+
+
+def deleted_with_its_claim(ebs: Ebs, claim: str, pv: Obj) -> None:
+    """Reclaim policy Delete: the claim goes, the external-provisioner (migrated-to names it) deletes
+    the disk through the driver, then the PV."""
+    notes = pv["metadata"]["annotations"]
+    assert notes["pv.kubernetes.io/provisioned-by"] == "kubernetes.io/aws-ebs"
+    assert notes["pv.kubernetes.io/migrated-to"] == "ebs.csi.aws.com"
+    assert pv["spec"]["persistentVolumeReclaimPolicy"] == "Delete"
+    finalizers = ebs.kube.get(pvs(pv["metadata"]["name"]))["metadata"]["finalizers"]
+    assert "kubernetes.io/pv-protection" in finalizers
+    handle = (
+        pv["spec"]["csi"]["volumeHandle"]
+        if "csi" in pv["spec"]
+        else (pv["spec"]["awsElasticBlockStore"]["volumeID"].rsplit("/", 1)[1])
+    )
+    assert backend_volume(ebs.testbed, handle) is not None
+    ebs.kube.delete(pvcs(ebs.namespace, claim))
+    ebs.kube.wait_gone(pvs(pv["metadata"]["name"]), 90, "the PV, deleted by its reclaim policy")
+    assert backend_volume(ebs.testbed, handle) is None, "the disk is deleted with it"
+
+
+def test_reclaim_policy_delete_still_deletes_the_disk_after_conversion(ebs: Ebs) -> None:
+    run, kube, ns = unique("reclaim"), ebs.kube, ebs.namespace
+    name = ebs.provision("gone", run)["metadata"]["name"]
+    ebs.release.start("ctrl", AWS_GATES, f"--selector=e2e-run={run}", "--leader-elect=false")
+    converted = kube.wait(pvs(name), converted_and_bound(kube, ns, "gone"), MOVE_TIMEOUT, "converted")
+    deleted_with_its_claim(ebs, "gone", converted)
