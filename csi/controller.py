@@ -272,7 +272,10 @@ class ControllerService(csi_pb2_grpc.ControllerServicer):
     def ControllerExpandVolume(
         self, request: csi_pb2.ControllerExpandVolumeRequest, context: grpc.ServicerContext
     ) -> csi_pb2.ControllerExpandVolumeResponse:
-        """Online; already large enough -> current size (idempotent); shrinking -> OUT_OF_RANGE."""
+        """Online. A target at or below the current size -> OK with the current size, nothing changes:
+        Kubernetes retries a failed expansion with a lower target (RecoverVolumeExpansionFailure), and
+        volumes never shrink. A size the backend can never reach -> OUT_OF_RANGE ("the capacity range is
+        not allowed by the Plugin", CSI spec)."""
         self._caps.require_controller(CRPC.EXPAND_VOLUME, "ControllerExpandVolume")
         require(request.volume_id, "volume_id")
         require(request.HasField("capacity_range"), "capacity_range")
@@ -286,9 +289,14 @@ class ControllerService(csi_pb2_grpc.ControllerServicer):
         size = capacity_bytes(cr, default=b.default_size, granularity=b.size_granularity, minimum=b.min_size)
         with self._inflight.hold(f"vol:{request.volume_id}"):
             disk = self._backend.get_volume(request.volume_id)
-            if disk.attachments and not b.expand_online:
-                raise FailedPrecondition(f"volume {disk.id} is published; unpublish it to expand it offline")
-            new_size = self._backend.expand_volume(request.volume_id, size)
+            if size <= disk.size_bytes:
+                new_size = disk.size_bytes
+            else:
+                if disk.attachments and not b.expand_online:
+                    raise FailedPrecondition(
+                        f"volume {disk.id} is published; unpublish it to expand it offline"
+                    )
+                new_size = self._backend.expand_volume(request.volume_id, size)
         if cr.limit_bytes and new_size > cr.limit_bytes:
             raise OutOfRange(
                 f"volume {disk.id} is already {new_size} bytes, above limit_bytes {cr.limit_bytes}"

@@ -169,6 +169,45 @@ FS_OPTIONS: dict[str, dict[str, str | None]] = {
 FS_OPTIONS["ext3"] = {k: v for k, v in FS_OPTIONS["ext4"].items() if k not in ("dioread_nolock",)}
 
 
+# SELinux: kubelet mounts a volume with the pod's label (`-o context="<user>:<role>:<type>:<level>"`)
+# when the CSIDriver has seLinuxMount. The level may hold commas (s0:c1,c2), so kubelet quotes the value.
+_SELINUX_NAME = r"[a-z_][a-z0-9_]{0,63}"
+_SELINUX_CATEGORIES = r"c[0-9]{1,4}(?:[.,]c[0-9]{1,4})*"
+_SELINUX_LEVEL = rf"s[0-9]{{1,2}}(?::{_SELINUX_CATEGORIES})?"
+SELINUX_CONTEXT = re.compile(
+    rf"{_SELINUX_NAME}:{_SELINUX_NAME}:{_SELINUX_NAME}:{_SELINUX_LEVEL}(?:-{_SELINUX_LEVEL})?"
+)
+# Security options valid on every filesystem (never for raw block): name= -> value check.
+SECURITY_OPTIONS = ("context=",)
+
+
+def _selinux_context_ok(value: str) -> bool:
+    if len(value) >= 2 and value[0] == value[-1] == '"':
+        value = value[1:-1]
+    elif "," in value:
+        return False
+    return SELINUX_CONTEXT.fullmatch(value) is not None
+
+
+def _split_options(raw: str) -> list[str]:
+    """Split a mount option string on commas outside double quotes (context="...:s0:c1,c2")."""
+    parts: list[str] = []
+    current: list[str] = []
+    quoted = False
+    for char in raw:
+        if char == '"':
+            quoted = not quoted
+        if char == "," and not quoted:
+            parts.append("".join(current))
+            current = []
+        else:
+            current.append(char)
+    if quoted:
+        raise InvalidArgument(f"mount flags {raw!r}: unbalanced double quote")
+    parts.append("".join(current))
+    return parts
+
+
 def check_fs_type(fs_type: str) -> str:
     """The filesystem to use: '' -> ext4; anything outside ext4/ext3/xfs -> InvalidArgument."""
     fs_type = fs_type or DEFAULT_FS_TYPE
@@ -185,17 +224,31 @@ def check_mount_flags(flags: Sequence[str], fs_type: str | None) -> list[str]:
     out: list[str] = []
     allowed = FS_OPTIONS.get(fs_type or "", {})
     for raw in flags:
-        for flag in raw.split(","):
+        for flag in _split_options(raw):
             flag = flag.strip()
             if not flag:
                 continue
             if flag in VFS_FLAGS or _fs_option_ok(flag, allowed):
                 out.append(flag)
                 continue
+            if fs_type and flag.startswith(SECURITY_OPTIONS):
+                if not _selinux_context_ok(flag[len("context=") :]):
+                    raise InvalidArgument(
+                        f"mount flag {flag!r}: not an SELinux context; expected context="
+                        '"user:role:type:level", e.g. context="system_u:object_r:container_file_t:s0:c1,c2"'
+                    )
+                out.append(flag)
+                continue
             where = f"for {fs_type}" if fs_type else "for this access type"
             raise InvalidArgument(
                 f"mount flag {flag!r} is not allowed {where}; allowed: "
-                + ", ".join(sorted(set(VFS_FLAGS) | {k.rstrip("=") for k in allowed}))
+                + ", ".join(
+                    sorted(
+                        set(VFS_FLAGS)
+                        | {k.rstrip("=") for k in allowed}
+                        | ({k.rstrip("=") for k in SECURITY_OPTIONS} if fs_type else set())
+                    )
+                )
             )
     return out
 
@@ -571,16 +624,19 @@ class Mounter:
         """Bind-mount `source` on `target`, then apply VFS `flags` (e.g. ro) with a bind remount."""
         set_bits, _, _ = split_flags(flags)
         vfs = [f for f in flags if f in VFS_FLAGS]
+        # Security options (context=) travel with the bind: on an SELinux kernel kubelet's pod label.
+        security = [f for f in flags if f.startswith(SECURITY_OPTIONS)]
         if self._libc is not None:
             try:
-                self._libc.mount(source, target, None, MS_BIND, "")
+                self._libc.mount(source, target, None, MS_BIND, ",".join(security))
                 if set_bits:
                     self._libc.mount(None, target, None, MS_BIND | MS_REMOUNT | set_bits, "")
                 return
             except OSError as exc:
                 self._undo_bind(target)
                 raise MountError(f"bind-mounting {source} at {target} failed: {exc.strerror}") from exc
-        result = self.runner(["mount", "--bind", source, target], timeout=300)
+        options = ["-o", ",".join(security)] if security else []
+        result = self.runner(["mount", "--bind", *options, source, target], timeout=300)
         if result.returncode != 0:
             raise _fail(result, f"bind-mounting {source} at {target}")
         if vfs:

@@ -23,7 +23,14 @@ from csi.backends import aws_params as P
 from csi.backends.aws_coalesce import Coalescer, Modification
 from csi.backends.aws_devices import DeviceFinder, DeviceNames
 from csi.backends.aws_errors import Backoff, Ec2, UnsupportedActionError
-from csi.backends.aws_metadata import ZONE_ENV, Imds, Placement, resolve_placement
+from csi.backends.aws_metadata import (
+    ZONE_ENV,
+    Imds,
+    Placement,
+    attach_limit,
+    free_attach_slots,
+    resolve_placement,
+)
 from csi.backends.base import (
     AlreadyExistsError,
     Attachment,
@@ -654,9 +661,19 @@ class AwsBackend(Backend):
                 )
             used = [m["DeviceName"] for m in instance.get("BlockDeviceMappings", [])]
             root = instance.get("RootDeviceName", "")
-            if self._max_volumes and len([u for u in used if u != root]) >= self._max_volumes:
+            # The node's attach slots: --max-volumes-per-node, or what its instance type allows; every
+            # volume attached besides the root (by this driver or not) takes one.
+            limit = self._max_volumes or attach_limit(instance.get("InstanceType", ""))
+            attached = len([u for u in used if u != root])
+            if attached >= limit:
+                source = (
+                    "--max-volumes-per-node"
+                    if self._max_volumes
+                    else f"instance type {instance.get('InstanceType')}"
+                )
                 raise LimitExceededError(
-                    f"node {node_id} already has {self._max_volumes} volumes (--max-volumes-per-node)"
+                    f"node {node_id} has no free attach slot: {attached} volumes attached, "
+                    f"limit {limit} ({source})"
                 )
             used.append(root)
             if readonly or TAG_READONLY_PREFIX + node_id in _tags(volume):  # set, or clear a stale one
@@ -792,11 +809,19 @@ class AwsBackend(Backend):
         return self._placement
 
     def node_identity(self) -> NodeIdentity:
-        """Instance id, zone (both zone keys) and attach limit; overrides first, then IMDSv2."""
+        """Instance id, zone (both zone keys) and attach limit; overrides first, then IMDSv2. Without an
+        override the limit is recomputed on every call (free_attach_slots): NodeGetInfo reports the
+        slots free now, and kubelet re-reads it (CSIDriver nodeAllocatableUpdatePeriodSeconds)."""
         where = self._where()
+        max_volumes = where.max_volumes
+        if where.instance_type and self._imds is not None:
+            try:
+                max_volumes = free_attach_slots(self._imds, where.instance_type)
+            except FailedPreconditionError as exc:
+                log.warning("attach limit not recomputed, keeping %d: %s", max_volumes, exc)
         return NodeIdentity(
             node_id=where.node_id,
-            max_volumes=where.max_volumes,
+            max_volumes=max_volumes,
             topology={self.zone_key: where.zone, keys.WELL_KNOWN_ZONE: where.zone},
         )
 

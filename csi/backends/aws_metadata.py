@@ -62,6 +62,12 @@ def attach_limit(instance_type: str) -> int:
     return DEFAULT_LIMIT
 
 
+def shares_slots_with_network_interfaces(instance_type: str) -> bool:
+    """Nitro types without dedicated EBS limits share their attachment slots with network interfaces."""
+    family = instance_type.split(".", 1)[0]
+    return family not in _XEN_FAMILIES and family not in _DEDICATED_FAMILIES
+
+
 class Imds:
     """A minimal IMDSv2 client (session token, then GET). `endpoint` is injectable for tests."""
 
@@ -102,6 +108,25 @@ class Placement:
     node_id: str
     zone: str
     max_volumes: int
+    instance_type: str = ""  # known when read from metadata: the limit is then recomputed per call
+
+
+def _entries(listing: str) -> list[str]:
+    return [line.strip().rstrip("/") for line in listing.splitlines() if line.strip()]
+
+
+def free_attach_slots(imds: Imds, instance_type: str) -> int:
+    """The slots this driver may use now: the type's limit, minus EBS volumes mapped at launch besides
+    the root (`ebsN` in block-device-mapping), minus, on types that share slots with network
+    interfaces, every interface beyond the primary one. Read from metadata on each call: interfaces
+    come and go (CNI plugins attach them), so the limit moves."""
+    limit = attach_limit(instance_type)
+    launched = [e for e in _entries(imds.get("block-device-mapping/")) if e.startswith("ebs")]
+    limit -= len(launched)
+    if shares_slots_with_network_interfaces(instance_type):
+        interfaces = _entries(imds.get("network/interfaces/macs/"))
+        limit -= max(0, len(interfaces) - 1)
+    return max(0, limit)
 
 
 def resolve_placement(
@@ -128,9 +153,11 @@ def resolve_placement(
             log.warning("node id %r is not an EC2 instance id and metadata is unavailable; using it", node_id)
     if not zone or zone == "local":
         zone = env.get(ZONE_ENV, "") or metadata("placement/availability-zone")
+    instance_type = ""
     if max_volumes <= 0:
         try:
-            max_volumes = attach_limit(metadata("instance-type"))
+            instance_type = metadata("instance-type")
+            max_volumes = attach_limit(instance_type)
         except FailedPreconditionError:
             max_volumes = DEFAULT_LIMIT
-    return Placement(node_id=node_id, zone=zone, max_volumes=max_volumes)
+    return Placement(node_id=node_id, zone=zone, max_volumes=max_volumes, instance_type=instance_type)

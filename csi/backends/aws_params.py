@@ -15,6 +15,8 @@ from urllib.parse import unquote, urlsplit
 from csi import keys
 from csi.backends.base import InvalidParameterError, NotFoundError, OutOfRangeError
 
+DRIVER_NAME = "ebs.csi.aws.com"  # the CSI name of EBS, and the target of in-tree aws-ebs migration
+
 # ---- canonical parameter keys
 TYPE = "type"
 IOPS = "iops"

@@ -26,6 +26,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from csi import keys
+from csi.backends import aws_params as ebs_params
 from csi.backends import local_files as files
 from csi.backends.base import (
     AlreadyExistsError,
@@ -125,8 +126,12 @@ class LocalBackend(Backend):
         self.capacity_limit = capacity_bytes
         self.node_id = node_id
         self.max_volumes = max_volumes_per_node or DEFAULT_MAX_VOLUMES
-        # Standing in for EBS, ids look like EBS ids so migrated `aws://<zone>/vol-...` handles translate.
-        self.volume_prefix = "vol-" if driver_name == "ebs.csi.aws.com" else "lv-"
+        # Standing in for EBS (deployed as ebs.csi.aws.com, the driver in-tree aws-ebs migration hands
+        # volumes to), the backend takes EBS's StorageClass and VolumeAttributesClass parameters, checks
+        # them as EBS does, records them, and hands out EBS-like ids so `aws://<zone>/vol-...` handles
+        # translate.
+        self.ebs_standin = driver_name == ebs_params.DRIVER_NAME
+        self.volume_prefix = "vol-" if self.ebs_standin else "lv-"
         self.topology = {keys.topology_zone_key(driver_name): zone}
         if region:
             self.topology[keys.topology_region_key(driver_name)] = region
@@ -258,7 +263,10 @@ class LocalBackend(Backend):
             self._owner = None
 
     def validate_parameters(self, parameters: Mapping[str, str]) -> dict[str, str]:
-        """The local backend takes no StorageClass parameters of its own."""
+        """The local backend takes no StorageClass parameters of its own; standing in for EBS it takes
+        (and refuses) exactly what EBS does."""
+        if self.ebs_standin:
+            return ebs_params.validate(parameters)
         if parameters:
             raise InvalidParameterError(
                 f"unknown parameter(s) for the local backend: {', '.join(sorted(parameters))}"
@@ -266,6 +274,8 @@ class LocalBackend(Backend):
         return {}
 
     def validate_mutable_parameters(self, parameters: Mapping[str, str]) -> dict[str, str]:
+        if self.ebs_standin:
+            return ebs_params.validate_mutable(parameters)
         out: dict[str, str] = {}
         for key, value in sorted(parameters.items()):
             parser = MUTABLE_PARAMETERS.get(key)
@@ -335,6 +345,8 @@ class LocalBackend(Backend):
         if row is not None:
             return self._existing(row, spec)
         self._place(options)
+        if self.ebs_standin:  # what EBS would refuse for this size: out-of-range size, too few IOPS
+            ebs_params.create_arguments(options.parameters, ebs_params.gib(options.size_bytes))
         if self.capacity_limit:
             used = self.store.provisioned_bytes()
             if used + options.size_bytes > self.capacity_limit:

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from csi.backends.aws import AwsBackend
+from csi.backends.aws_metadata import SHARED_NITRO_LIMIT
 from csi.backends.base import (
     AlreadyExistsError,
     DiskOptions,
@@ -251,6 +252,19 @@ def test_configured_attach_limit_is_enforced(make_backend: Callable[..., AwsBack
     with pytest.raises(LimitExceededError, match="2 volumes"):
         backend.attach(third, instance, False)
     assert backend.attach(first, instance, False) == {"devicePath": "/dev/xvdba"}  # republish still fine
+
+
+def test_attach_slots_come_from_the_instance_type_minus_what_is_attached(
+    backend: AwsBackend, ec2: Any, instance: str
+) -> None:
+    """No --max-volumes-per-node: an m5 (shared Nitro) has 26 slots besides its root volume; volumes
+    attached outside the driver take slots too. Full -> LimitExceededError (RESOURCE_EXHAUSTED)."""
+    for i in range(SHARED_NITRO_LIMIT):
+        other = ec2.create_volume(AvailabilityZone=ZONE, Size=1)["VolumeId"]
+        ec2.attach_volume(VolumeId=other, InstanceId=instance, Device=f"/dev/sd{chr(ord('f') + i % 11)}{i}")
+    new = volume(backend, "pvc-one-too-many")
+    with pytest.raises(LimitExceededError, match=r"26 volumes attached, limit 26 \(instance type m5.large\)"):
+        backend.attach(new, instance, False)
 
 
 def test_republish_with_the_other_readonly_flag_already_exists(backend: AwsBackend, instance: str) -> None:

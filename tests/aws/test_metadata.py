@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from csi.backends.aws import AwsBackend
 from csi.backends.aws_metadata import (
     DEDICATED_LIMIT,
     DEFAULT_LIMIT,
     XEN_LIMIT,
     Imds,
     attach_limit,
+    free_attach_slots,
     resolve_placement,
 )
 from csi.backends.base import FailedPreconditionError
@@ -124,3 +126,47 @@ def test_no_metadata_keeps_a_given_node_id_and_default_limit() -> None:
 )
 def test_attach_limit_by_instance_type(instance_type: str, limit: int) -> None:
     assert attach_limit(instance_type) == limit
+
+
+THREE_ENIS = "0a:00/\n0a:01/\n0a:02/"
+
+
+@pytest.mark.parametrize(
+    ("instance_type", "mappings", "macs", "expected"),
+    [
+        pytest.param("m5.large", "ami\nroot", "0a:00/", DEFAULT_LIMIT, id="nitro-one-interface"),
+        pytest.param(
+            "m5.large", "ami\nebs1\nroot", "0a:00/\n0a:01/\n0a:02/", DEFAULT_LIMIT - 3, id="nitro-shared"
+        ),
+        pytest.param(
+            "m7i.large", "ami\nroot", "0a:00/\n0a:01/", DEDICATED_LIMIT, id="dedicated-ignores-enis"
+        ),
+        pytest.param("t2.micro", "ami\nebs1\nebs2\nroot", "0a:00/\n0a:01/", XEN_LIMIT - 2, id="xen"),
+    ],
+)
+def test_free_attach_slots(
+    imds: Imds, monkeypatch: pytest.MonkeyPatch, instance_type: str, mappings: str, macs: str, expected: int
+) -> None:
+    monkeypatch.setitem(METADATA, "block-device-mapping/", mappings)
+    monkeypatch.setitem(METADATA, "network/interfaces/macs/", macs)
+    assert free_attach_slots(imds, instance_type) == expected
+
+
+def test_node_limit_is_recomputed_on_every_call(
+    imds: Imds, monkeypatch: pytest.MonkeyPatch, make_backend: Callable[..., AwsBackend]
+) -> None:
+    """NodeGetInfo reads the backend's node identity on every call: an interface attached since (a CNI
+    plugin adding one) takes a slot, and the next answer says so."""
+    monkeypatch.setitem(METADATA, "instance-type", "m5.large")
+    monkeypatch.setitem(METADATA, "block-device-mapping/", "ami\nroot")
+    monkeypatch.setitem(METADATA, "network/interfaces/macs/", "0a:00/")
+    backend = make_backend(imds=imds, zone="us-east-1a")
+    assert backend.node_identity().max_volumes == DEFAULT_LIMIT
+    monkeypatch.setitem(METADATA, "network/interfaces/macs/", "0a:00/\n0a:01/")
+    assert backend.node_identity().max_volumes == DEFAULT_LIMIT - 1
+
+
+def test_configured_limit_is_not_recomputed(imds: Imds, make_backend: Callable[..., AwsBackend]) -> None:
+    backend = make_backend(imds=imds, zone="us-east-1a", max_volumes=9)
+    assert backend.node_identity().max_volumes == 9
+    assert not any("network" in r for r in FakeImds.requests)

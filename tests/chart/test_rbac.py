@@ -22,11 +22,12 @@ EXPECTED: dict[str, set[R]] = {
         rule("", "persistentvolumeclaims", *WATCH, "update"),
         rule("storage.k8s.io", "storageclasses", *WATCH),
         EVENTS,
-        rule("snapshot.storage.k8s.io", "volumesnapshots", "get", "list"),
+        rule("snapshot.storage.k8s.io", "volumesnapshots", *WATCH, "update"),
         rule("snapshot.storage.k8s.io", "volumesnapshotcontents", "get", "list"),
         rule("storage.k8s.io", "csinodes", *WATCH),
         rule("", "nodes", *WATCH),
         rule("storage.k8s.io", "volumeattachments", *WATCH),
+        rule("storage.k8s.io", "volumeattributesclasses", "get"),
     },
     "attacher": {
         rule("", "persistentvolumes", *WATCH, "patch"),
@@ -40,6 +41,7 @@ EXPECTED: dict[str, set[R]] = {
         rule("", "persistentvolumeclaims/status", "patch"),
         rule("", "pods", *WATCH),
         EVENTS,
+        rule("storage.k8s.io", "volumeattributesclasses", *WATCH),
     },
     "snapshotter": {
         EVENTS,

@@ -9,6 +9,7 @@ Tests needing a control plane of their own (other feature gates, a clean etcd) u
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Iterator
 
@@ -29,13 +30,21 @@ def kube(cluster: Cluster) -> Kube:
     return cluster.admin()
 
 
-@pytest.fixture
-def namespace(kube: Kube) -> Iterator[str]:
+@contextlib.contextmanager
+def fresh_namespace(kube: Kube) -> Iterator[str]:
+    """A new namespace (with its default ServiceAccount, which pods need), deleted on exit."""
     name = f"e2e-{uuid.uuid4().hex[:8]}"
     kube.create(namespaces(), {"metadata": {"name": name}})
-    # Pods need the namespace's default ServiceAccount (admission refuses them until it exists).
-    kube.wait(service_accounts(name, "default"), lambda _: True, 30, f"the default ServiceAccount in {name}")
     try:
+        kube.wait(
+            service_accounts(name, "default"), lambda _: True, 30, f"the default ServiceAccount in {name}"
+        )
         yield name
     finally:
         kube.delete(namespaces(name))
+
+
+@pytest.fixture
+def namespace(kube: Kube) -> Iterator[str]:
+    with fresh_namespace(kube) as name:
+        yield name

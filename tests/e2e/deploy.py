@@ -16,6 +16,7 @@ So a rule missing from the chart's RBAC fails the flow that needs it.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import shutil
 import tempfile
@@ -122,7 +123,7 @@ def install_snapshot_crds(kube: Kube) -> None:
             object_path(crd),
             lambda c: any(
                 x["type"] == "Established" and x["status"] == "True"
-                for x in c.get("status", {}).get("conditions", [])
+                for x in (c.get("status") or {}).get("conditions") or []
             ),
             30,
             f"CRD {crd['metadata']['name']} to be established",
@@ -213,12 +214,14 @@ def _host_paths(pod_spec: Obj, pod_dir: Path) -> dict[str, Path]:
 
 
 def _remap(text: str, mounts: list[tuple[str, Path]]) -> str:
-    """Rewrite container paths (under a mountPath) to the host directory of that volume."""
-    for mount_path, host in mounts:
-        if mount_path == str(host):
-            continue
-        text = re.sub(re.escape(mount_path) + r"(?=/|$)", str(host), text)
-    return text
+    """Rewrite container paths (a mountPath at the start of the value, after `=` or after `unix://`)
+    to the host directory behind that volume, in one pass (a host path is never rewritten again)."""
+    moved = {m: str(h) for m, h in mounts if m != str(h)}
+    if not moved:
+        return text
+    alternatives = "|".join(re.escape(m) for m in sorted(moved, key=len, reverse=True))
+    pattern = re.compile(rf"(?:^|(?<==)|(?<=unix://))({alternatives})(?=/|$)")
+    return pattern.sub(lambda m: moved[m.group(1)], text)
 
 
 def start_pod(
@@ -239,8 +242,9 @@ def start_pod(
         if name in KUBELET_FACING:
             continue
         mounts = [(m["mountPath"], pod.host_dirs[m["name"]]) for m in container.get("volumeMounts", [])]
-        env = {k: _remap(v, mounts) for k, v in _container_env(container, node_name, secrets).items()}
-        args = [_remap(_expand(a, env), mounts) for a in container.get("args", [])]
+        raw_env = _container_env(container, node_name, secrets)
+        env = {k: _remap(v, mounts) for k, v in raw_env.items()}
+        args = [_remap(_expand(a, raw_env), mounts) for a in container.get("args", [])]
         if kubeconfig is None and pod_spec.get("automountServiceAccountToken", True) is not False:
             kubeconfig = deployment.cluster.service_account_kubeconfig(
                 deployment.namespace, service_account, path=pod_dir / "kubeconfig"
@@ -276,10 +280,12 @@ def deployed_chart(
     namespace: str,
     secrets: Mapping[str, Mapping[str, str]] | None = None,
     driver_env: Mapping[str, str] | None = None,
+    controller_node: str = "",
 ) -> Iterator[Deployment]:
     """Render the chart with `values`, apply its objects in `namespace` and start the controller pod's
     containers as processes. `values` may name `{workdir}` in strings: it is replaced by the
-    deployment's temp dir (for the local data dir and the kubelet path). On exit every process is
+    deployment's temp dir (for the local data dir and the kubelet path). `controller_node` is the Node
+    the controller pod is scheduled on (its spec.nodeName). On exit every process is
     stopped, every applied object deleted and the temp dir removed."""
     workdir = Path(tempfile.mkdtemp(prefix="ballast-e2e-deploy-"))
     rendered_values = yaml.safe_load(yaml.safe_dump(dict(values)).replace("{workdir}", str(workdir)))
@@ -306,7 +312,7 @@ def deployed_chart(
             deployment,
             controller["spec"]["template"]["spec"],
             "controller",
-            node_name="",
+            node_name=controller_node,
             secrets=secrets or {},
             extra_env=driver_env or {},
         )
@@ -318,4 +324,5 @@ def deployed_chart(
     finally:
         processes.stop_all()
         delete_objects(kube, applied)
-        shutil.rmtree(workdir, ignore_errors=True)
+        if not os.environ.get("BALLAST_E2E_KEEP"):
+            shutil.rmtree(workdir, ignore_errors=True)

@@ -12,8 +12,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from csi._proto import csi_pb2
-from tests.csiclient import client
+import grpc
+
+from csi._proto import csi_pb2, csi_pb2_grpc
 from tests.e2e.deploy import Deployment, PodProcesses, find, start_pod, wait_socket
 from tests.e2e.kube import MERGE_PATCH, Kube, KubeError, csi_nodes, nodes, pvcs
 
@@ -37,8 +38,10 @@ class RegisteredNode:
 
 
 def node_info(endpoint: str) -> csi_pb2.NodeGetInfoResponse:
-    with client(endpoint) as csi:
-        info: csi_pb2.NodeGetInfoResponse = csi.node.NodeGetInfo(csi_pb2.NodeGetInfoRequest(), timeout=30)
+    """NodeGetInfo over the node plugin's socket, as kubelet calls it."""
+    with grpc.insecure_channel(endpoint) as channel:
+        stub = csi_pb2_grpc.NodeStub(channel)
+        info: csi_pb2.NodeGetInfoResponse = stub.NodeGetInfo(csi_pb2.NodeGetInfoRequest(), timeout=30)
         return info
 
 

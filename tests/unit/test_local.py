@@ -485,3 +485,60 @@ def test_topology_keys_accepted_for_placement_and_capacity(
 
 def test_region_labels_do_not_match_when_no_region_is_configured(be: LocalBackend) -> None:
     assert be.get_capacity({}, {keys.WELL_KNOWN_REGION: ""}) == 0
+
+
+# ---- standing in for EBS (deployed as ebs.csi.aws.com: the target of in-tree aws-ebs migration)
+
+
+@pytest.fixture
+def ebs_standin(data: Path) -> Iterator[LocalBackend]:
+    b = LocalBackend(str(data), driver_name="ebs.csi.aws.com", zone="us-east-1a", node_id="node-1")
+    yield b
+    b.close()
+
+
+@pytest.mark.parametrize(
+    ("parameters", "recorded"),
+    [
+        pytest.param(
+            {"type": "gp2", "encrypted": "TRUE"}, {"type": "gp2", "encrypted": "true"}, id="gp2-encrypted"
+        ),
+        pytest.param(
+            {"type": "io1", "iopsPerGB": "50"}, {"type": "io1", "iopsPerGB": "50"}, id="io1-iops-per-gb"
+        ),
+        pytest.param({"Type": "gp3", "IOPS": "4000"}, {"type": "gp3", "iops": "4000"}, id="keys-any-case"),
+        pytest.param({}, {"type": "gp3"}, id="default-type"),
+    ],
+)
+def test_ebs_standin_accepts_and_records_ebs_parameters(
+    ebs_standin: LocalBackend, parameters: dict[str, str], recorded: dict[str, str]
+) -> None:
+    checked = ebs_standin.validate_parameters(parameters)
+    assert checked == recorded
+    disk = ebs_standin.create_volume("pvc-ebs", DiskOptions(size_bytes=4 * GiB, parameters=checked))
+    assert disk.id.startswith("vol-")
+    assert dict(ebs_standin.get_volume(disk.id).parameters) == recorded
+
+
+@pytest.mark.parametrize(
+    ("parameters", "size_gib", "message"),
+    [
+        pytest.param({"type": "gp9"}, 1, "unsupported EBS volume type", id="unknown-type"),
+        pytest.param({"type": "io1"}, 4, "needs parameter iops", id="io1-without-iops"),
+        pytest.param({"type": "gp2", "color": "blue"}, 1, "unknown parameter", id="unknown-key"),
+        pytest.param({"type": "sc1"}, 1, "125..16384 GiB", id="sc1-too-small"),
+        pytest.param({"type": "io1", "iopsPerGB": "10"}, 4, "below the io1 minimum", id="too-few-iops"),
+    ],
+)
+def test_ebs_standin_refuses_what_ebs_refuses(
+    ebs_standin: LocalBackend, parameters: dict[str, str], size_gib: int, message: str
+) -> None:
+    with pytest.raises((base.InvalidParameterError, base.OutOfRangeError), match=message):
+        checked = ebs_standin.validate_parameters(parameters)
+        ebs_standin.create_volume("pvc-bad", DiskOptions(size_bytes=size_gib * GiB, parameters=checked))
+    assert volume_files(Path(ebs_standin.data_dir)) == []
+
+
+def test_local_backend_under_its_own_name_still_takes_no_parameters(be: LocalBackend) -> None:
+    with pytest.raises(base.InvalidParameterError, match="unknown parameter"):
+        be.validate_parameters({"type": "gp2"})

@@ -329,3 +329,77 @@ def test_fs_size_of_garbage_is_none(tmp_path: Path) -> None:
     image.write_bytes(bytes(4096))
     assert fs_size(str(image), "ext4") is None
     assert fs_size(str(image), "xfs") is None
+
+
+# ---- SELinux: kubelet's `context=` option (CSIDriver seLinuxMount) is passed at stage and publish
+
+POD_LABEL = "system_u:object_r:container_file_t:s0:c123,c456"
+
+
+@pytest.mark.parametrize(
+    ("flags", "fs_type", "expected"),
+    [
+        pytest.param([f'context="{POD_LABEL}"'], "ext4", [f'context="{POD_LABEL}"'], id="quoted-categories"),
+        pytest.param(
+            [f'nodev,context="{POD_LABEL}",noatime'],
+            "xfs",
+            ["nodev", f'context="{POD_LABEL}"', "noatime"],
+            id="comma-joined-keeps-quoted-commas",
+        ),
+        pytest.param(
+            ["context=system_u:object_r:container_file_t:s0"],
+            "ext4",
+            ["context=system_u:object_r:container_file_t:s0"],
+            id="unquoted-no-categories",
+        ),
+        pytest.param(
+            ["context=system_u:system_r:spc_t:s0-s0:c0.c1023"],
+            "ext4",
+            ["context=system_u:system_r:spc_t:s0-s0:c0.c1023"],
+            id="level-range",
+        ),
+    ],
+)
+def test_selinux_context_is_allowed_on_filesystems(
+    flags: list[str], fs_type: str, expected: list[str]
+) -> None:
+    assert check_mount_flags(flags, fs_type) == expected
+
+
+@pytest.mark.parametrize(
+    ("flags", "fs_type", "message"),
+    [
+        pytest.param([f'context="{POD_LABEL}"'], None, "not allowed", id="on-raw-block"),
+        pytest.param(["context=system_u:object_r:x_t"], "ext4", "not an SELinux context", id="no-level"),
+        pytest.param(['context="a:b:c:s0;reboot"'], "ext4", "not an SELinux context", id="injection"),
+        pytest.param(["context=System_u:object_r:x_t:s0"], "ext4", "not an SELinux context", id="upper-case"),
+        pytest.param(['context="system_u:object_r:x_t:s0'], "ext4", "unbalanced", id="unbalanced-quote"),
+        pytest.param(['context="a:b:c:s0",x"'], "ext4", "unbalanced", id="quote-in-the-middle"),
+        pytest.param(["context="], "ext4", "not an SELinux context", id="empty"),
+        pytest.param(["fscontext=system_u:object_r:x_t:s0"], "ext4", "not allowed", id="other-context-kind"),
+    ],
+)
+def test_selinux_context_values_are_checked_strictly(
+    flags: list[str], fs_type: str | None, message: str
+) -> None:
+    with pytest.raises(InvalidArgument, match=message):
+        check_mount_flags(flags, fs_type)
+
+
+def test_stage_mount_passes_the_selinux_context(tmp_path: Path) -> None:
+    runner = FakeRunner()
+    flags = check_mount_flags([f'context="{POD_LABEL}"', "noatime"], "ext4")
+    fake_mounter(tmp_path, runner).mount("/dev/x", "/mnt/stage", "ext4", flags)
+    assert runner.calls == [
+        ("mount", "-t", "ext4", "-o", f'context="{POD_LABEL}",noatime', "/dev/x", "/mnt/stage")
+    ]
+
+
+def test_publish_bind_passes_the_selinux_context(tmp_path: Path) -> None:
+    runner = FakeRunner()
+    flags = check_mount_flags([f'context="{POD_LABEL}"', "ro"], "ext4")
+    fake_mounter(tmp_path, runner).bind("/mnt/stage", "/mnt/pod", flags)
+    assert runner.calls == [
+        ("mount", "--bind", "-o", f'context="{POD_LABEL}"', "/mnt/stage", "/mnt/pod"),
+        ("mount", "-o", "remount,bind,ro", "/mnt/pod"),
+    ]

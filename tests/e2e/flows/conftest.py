@@ -20,6 +20,7 @@ import boto3
 import pytest
 
 from tests.e2e.cluster import running_cluster
+from tests.e2e.conftest import fresh_namespace
 from tests.e2e.deploy import Deployment, deployed_chart, install_snapshot_crds
 from tests.e2e.kube import Kube
 from tests.e2e.kubelet import RegisteredNode, register_node
@@ -76,7 +77,7 @@ def flavor_values(flavor: str, moto: str) -> dict[str, Any]:
 
 
 @dataclass
-class Testbed:
+class Bed:
     """A flavor deployed: the cluster's admin client, the deployment, its node, moto when aws."""
 
     flavor: str
@@ -111,7 +112,7 @@ def _moto(enabled: bool) -> Iterator[str]:
 
 
 @pytest.fixture(scope="session", params=FLAVORS)
-def testbed(request: pytest.FixtureRequest) -> Iterator[Testbed]:
+def bed(request: pytest.FixtureRequest) -> Iterator[Bed]:
     flavor: str = request.param
     with _moto(flavor == "aws") as moto, running_cluster() as cluster:
         kube = cluster.admin()
@@ -141,7 +142,18 @@ def testbed(request: pytest.FixtureRequest) -> Iterator[Testbed]:
             # What the node plugin would read from instance metadata (IMDS), which moto does not serve.
             node_env = {"CSI_NODE_ID": instance, "AWS_AVAILABILITY_ZONE": AWS_ZONE}
         with deployed_chart(
-            cluster, flavor_values(flavor, moto), NAMESPACE, secrets=AWS_SECRET, driver_env={}
+            cluster,
+            flavor_values(flavor, moto),
+            NAMESPACE,
+            secrets=AWS_SECRET,
+            controller_node=NODE,  # with the local backend, the node holding the data dir
         ) as deployment:
             node = register_node(kube, deployment, NODE, driver_env=node_env)
-            yield Testbed(flavor, kube, deployment, node, ec2, [snapshot_controller])
+            yield Bed(flavor, kube, deployment, node, ec2, [snapshot_controller])
+
+
+@pytest.fixture
+def namespace(bed: Bed) -> Iterator[str]:
+    """A fresh namespace on the flavor's own cluster (overrides the shared cluster's fixture)."""
+    with fresh_namespace(bed.kube) as name:
+        yield name

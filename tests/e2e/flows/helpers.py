@@ -11,7 +11,7 @@ import grpc
 
 from csi._proto import csi_pb2
 from tests.csiclient import client
-from tests.e2e.flows.conftest import Testbed
+from tests.e2e.flows.conftest import Bed
 from tests.e2e.kube import Obj, phase_is, pvcs, pvs
 
 GiB = 1024**3
@@ -41,11 +41,11 @@ def claim(
     return {"metadata": {"name": name}, "spec": spec}
 
 
-def create_claim(tb: Testbed, namespace: str, body: Obj) -> None:
+def create_claim(tb: Bed, namespace: str, body: Obj) -> None:
     tb.kube.create(pvcs(namespace), body)
 
 
-def wait_bound(tb: Testbed, namespace: str, name: str) -> tuple[Obj, Obj]:
+def wait_bound(tb: Bed, namespace: str, name: str) -> tuple[Obj, Obj]:
     """Wait until the claim is Bound; returns (claim, its PV)."""
     pvc = tb.kube.wait(pvcs(namespace, name), phase_is("Bound"), BIND_TIMEOUT, f"claim {name} to bind")
     pv = tb.kube.get(pvs(pvc["spec"]["volumeName"]))
@@ -59,7 +59,7 @@ class BackendVolume:
     published_nodes: list[str]
 
 
-def backend_volume(tb: Testbed, volume_id: str) -> BackendVolume | None:
+def backend_volume(tb: Bed, volume_id: str) -> BackendVolume | None:
     """The volume as the backend reports it (ControllerGetVolume), or None when it does not exist."""
     with client(tb.deployment.controller_endpoint) as csi:
         try:
@@ -78,7 +78,7 @@ def backend_volume(tb: Testbed, volume_id: str) -> BackendVolume | None:
     return found
 
 
-def _check_against_ec2(tb: Testbed, volume: BackendVolume) -> None:
+def _check_against_ec2(tb: Bed, volume: BackendVolume) -> None:
     """For aws, the same facts straight from EC2 (moto): size and attachments agree with the driver."""
     described: Any = tb.ec2.describe_volumes(VolumeIds=[volume.volume_id])["Volumes"][0]
     assert described["Size"] * GiB == volume.capacity_bytes, described

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.flows.conftest import AWS_ZONE, Testbed
+from tests.e2e.flows.conftest import AWS_ZONE, Bed
 from tests.e2e.flows.helpers import (
     GiB,
+    assert_pinned_to,
     backend_volume,
     claim,
     create_claim,
@@ -29,18 +30,18 @@ IN_TREE = "kubernetes.io/aws-ebs"
 # (parameters, size) of classes as they exist in clusters created before CSI.
 LEGACY_CLASSES = {
     "gp2-encrypted": ({"type": "gp2", "fsType": "ext4", "encrypted": "true"}, "1Gi"),
-    "io1-iops-per-gb": ({"type": "io1", "iopsPerGB": "10", "fsType": "ext4"}, "4Gi"),
+    "io1-iops-per-gb": ({"type": "io1", "iopsPerGB": "50", "fsType": "ext4"}, "4Gi"),
 }
 
 
-@pytest.mark.parametrize("testbed", EBS_TARGETS, indirect=True)
+@pytest.mark.parametrize("bed", EBS_TARGETS, indirect=True)
 @pytest.mark.parametrize("legacy", list(LEGACY_CLASSES))
 def test_legacy_class_provisions_an_in_tree_pv_through_the_driver(
-    testbed: Testbed, namespace: str, legacy: str
+    bed: Bed, namespace: str, legacy: str
 ) -> None:
     parameters, size = LEGACY_CLASSES[legacy]
     class_name = unique(legacy)
-    testbed.kube.create(
+    bed.kube.create(
         storage_classes(),
         {
             "apiVersion": "storage.k8s.io/v1",
@@ -53,10 +54,10 @@ def test_legacy_class_provisions_an_in_tree_pv_through_the_driver(
     )
     try:
         name = unique("legacy")
-        create_claim(testbed, namespace, claim(name, class_name, size))
-        pvc, pv = wait_bound(testbed, namespace, name)
+        create_claim(bed, namespace, claim(name, class_name, size))
+        pvc, pv = wait_bound(bed, namespace, name)
     finally:
-        testbed.kube.delete(storage_classes(class_name))
+        bed.kube.delete(storage_classes(class_name))
 
     annotations = pv["metadata"]["annotations"]
     assert annotations["pv.kubernetes.io/provisioned-by"] == IN_TREE
@@ -64,13 +65,15 @@ def test_legacy_class_provisions_an_in_tree_pv_through_the_driver(
     assert pvc["metadata"]["annotations"]["volume.kubernetes.io/storage-provisioner"] == "ebs.csi.aws.com"
     ebs = pv["spec"]["awsElasticBlockStore"]
     assert "csi" not in pv["spec"]
-    assert ebs["volumeID"].startswith(f"aws://{AWS_ZONE}/vol-"), ebs
+    # The in-tree source names the EBS volume the driver created, under the zone's well-known key.
+    assert ebs["volumeID"].startswith("vol-"), ebs
     assert ebs.get("fsType") == "ext4"
+    assert_pinned_to(pv, {"topology.kubernetes.io/zone": AWS_ZONE})
 
-    volume = backend_volume(testbed, volume_handle(pv))
+    volume = backend_volume(bed, volume_handle(pv))
     assert volume is not None and volume.capacity_bytes == int(size[:-2]) * GiB
-    if testbed.is_aws:
-        described = testbed.ec2.describe_volumes(VolumeIds=[volume_handle(pv)])["Volumes"][0]
+    if bed.is_aws:
+        described = bed.ec2.describe_volumes(VolumeIds=[volume_handle(pv)])["Volumes"][0]
         assert described["VolumeType"] == parameters["type"]
         assert described["Encrypted"] is (parameters.get("encrypted") == "true")
         if "iopsPerGB" in parameters:

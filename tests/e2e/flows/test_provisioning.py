@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.flows.conftest import Testbed
+from tests.e2e.flows.conftest import Bed
 from tests.e2e.flows.helpers import (
     GiB,
     assert_pinned_to,
@@ -22,53 +22,53 @@ from tests.e2e.kubelet import select_node
 pytestmark = pytest.mark.slow
 
 
-def test_immediate_class_provisions_a_volume_with_topology(testbed: Testbed, namespace: str) -> None:
+def test_immediate_class_provisions_a_volume_with_topology(bed: Bed, namespace: str) -> None:
     name = unique("imm")
-    create_claim(testbed, namespace, claim(name, "immediate", "2Gi"))
-    pvc, pv = wait_bound(testbed, namespace, name)
+    create_claim(bed, namespace, claim(name, "immediate", "2Gi"))
+    pvc, pv = wait_bound(bed, namespace, name)
 
-    assert pv["spec"]["csi"]["driver"] == testbed.driver
+    assert pv["spec"]["csi"]["driver"] == bed.driver
     assert pv["spec"]["claimRef"]["uid"] == pvc["metadata"]["uid"]
     assert pv["spec"]["capacity"]["storage"] == "2Gi"
     # Reachable from the node's zone only, under the driver's topology key.
-    assert_pinned_to(pv, testbed.node.topology)
-    volume = backend_volume(testbed, volume_handle(pv))
+    assert_pinned_to(pv, bed.node.topology)
+    volume = backend_volume(bed, volume_handle(pv))
     assert volume is not None and volume.capacity_bytes == 2 * GiB
 
 
-def test_wait_for_first_consumer_provisions_for_the_selected_node(testbed: Testbed, namespace: str) -> None:
+def test_wait_for_first_consumer_provisions_for_the_selected_node(bed: Bed, namespace: str) -> None:
     name = unique("wffc")
-    create_claim(testbed, namespace, claim(name, "wffc"))
+    create_claim(bed, namespace, claim(name, "wffc"))
     # Nothing happens until a node is chosen for the consumer.
-    pending = testbed.kube.get(pvcs(namespace, name))
+    pending = bed.kube.get(pvcs(namespace, name))
     assert pending.get("status", {}).get("phase") == "Pending"
     # The scheduler's part: it picked node-a for the pod using this claim.
-    select_node(testbed.kube, namespace, name, testbed.node.name)
-    _, pv = wait_bound(testbed, namespace, name)
+    select_node(bed.kube, namespace, name, bed.node.name)
+    _, pv = wait_bound(bed, namespace, name)
 
-    assert_pinned_to(pv, testbed.node.topology)
-    assert backend_volume(testbed, volume_handle(pv)) is not None
+    assert_pinned_to(pv, bed.node.topology)
+    assert backend_volume(bed, volume_handle(pv)) is not None
 
 
 @pytest.mark.parametrize(
     "storage_class, keeps_disk", [("immediate", False), ("retain", True)], ids=["Delete", "Retain"]
 )
 def test_reclaim_policy_decides_whether_the_disk_survives_its_claim(
-    testbed: Testbed, namespace: str, storage_class: str, keeps_disk: bool
+    bed: Bed, namespace: str, storage_class: str, keeps_disk: bool
 ) -> None:
     name = unique("reclaim")
-    create_claim(testbed, namespace, claim(name, storage_class))
-    _, pv = wait_bound(testbed, namespace, name)
+    create_claim(bed, namespace, claim(name, storage_class))
+    _, pv = wait_bound(bed, namespace, name)
     handle = volume_handle(pv)
 
-    testbed.kube.delete(pvcs(namespace, name))
+    bed.kube.delete(pvcs(namespace, name))
     if keeps_disk:
-        testbed.kube.wait(
+        bed.kube.wait(
             pvs(pv["metadata"]["name"]), lambda p: p["status"]["phase"] == "Released", 60, "PV Released"
         )
-        assert backend_volume(testbed, handle) is not None
-        testbed.kube.delete(pvs(pv["metadata"]["name"]))  # the admin's cleanup; the disk stays
-        assert backend_volume(testbed, handle) is not None
+        assert backend_volume(bed, handle) is not None
+        bed.kube.delete(pvs(pv["metadata"]["name"]))  # the admin's cleanup; the disk stays
+        assert backend_volume(bed, handle) is not None
     else:
-        testbed.kube.wait_gone(pvs(pv["metadata"]["name"]), 60, "the released PV")
-        assert backend_volume(testbed, handle) is None
+        bed.kube.wait_gone(pvs(pv["metadata"]["name"]), 60, "the released PV")
+        assert backend_volume(bed, handle) is None

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.flows.conftest import Testbed
+from tests.e2e.flows.conftest import Bed
 from tests.e2e.flows.helpers import (
     GiB,
     backend_volume,
@@ -20,13 +20,13 @@ from tests.e2e.kube import volume_snapshot_contents, volume_snapshots
 pytestmark = pytest.mark.slow
 
 
-def test_snapshot_becomes_ready_and_restores_into_a_new_claim(testbed: Testbed, namespace: str) -> None:
+def test_snapshot_becomes_ready_and_restores_into_a_new_claim(bed: Bed, namespace: str) -> None:
     source = unique("src")
-    create_claim(testbed, namespace, claim(source, "immediate", "2Gi"))
-    _, source_pv = wait_bound(testbed, namespace, source)
+    create_claim(bed, namespace, claim(source, "immediate", "2Gi"))
+    _, source_pv = wait_bound(bed, namespace, source)
 
     snap = unique("snap")
-    testbed.kube.create(
+    bed.kube.create(
         volume_snapshots(namespace),
         {
             "apiVersion": "snapshot.storage.k8s.io/v1",
@@ -35,21 +35,21 @@ def test_snapshot_becomes_ready_and_restores_into_a_new_claim(testbed: Testbed, 
             "spec": {"volumeSnapshotClassName": "snapshots", "source": {"persistentVolumeClaimName": source}},
         },
     )
-    ready = testbed.kube.wait(
+    ready = bed.kube.wait(
         volume_snapshots(namespace, snap),
         lambda s: bool(s.get("status", {}).get("readyToUse")),
         90,
         f"snapshot {snap} to be ready",
     )
-    content = testbed.kube.get(volume_snapshot_contents(ready["status"]["boundVolumeSnapshotContentName"]))
-    assert content["spec"]["driver"] == testbed.driver
+    content = bed.kube.get(volume_snapshot_contents(ready["status"]["boundVolumeSnapshotContentName"]))
+    assert content["spec"]["driver"] == bed.driver
     assert content["status"]["readyToUse"] is True
     assert content["status"]["restoreSize"] == 2 * GiB
 
     restored = unique("restored")
     data_source = {"apiGroup": "snapshot.storage.k8s.io", "kind": "VolumeSnapshot", "name": snap}
-    create_claim(testbed, namespace, claim(restored, "immediate", "2Gi", data_source=data_source))
-    _, pv = wait_bound(testbed, namespace, restored)
+    create_claim(bed, namespace, claim(restored, "immediate", "2Gi", data_source=data_source))
+    _, pv = wait_bound(bed, namespace, restored)
     assert volume_handle(pv) != volume_handle(source_pv)
-    volume = backend_volume(testbed, volume_handle(pv))
+    volume = backend_volume(bed, volume_handle(pv))
     assert volume is not None and volume.capacity_bytes == 2 * GiB
