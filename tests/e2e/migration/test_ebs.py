@@ -12,26 +12,31 @@ import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
+from csi._proto import csi_pb2
 from shim.migrate.objects import ANN_ORIGINAL, record_of
 from tests.conftest import require_root, require_tool
+from tests.csiclient import client
 from tests.e2e.cluster import Cluster
 from tests.e2e.deploy import Deployment, deployed_chart
-from tests.e2e.flows.conftest import AWS_ZONE, Testbed, flavor_values
+from tests.e2e.flows.conftest import AWS_ZONE, Bed, flavor_values
 from tests.e2e.flows.helpers import backend_volume
 from tests.e2e.kube import Kube, csi_nodes, namespaces, phase_is, pvcs, pvs, storage_classes
-from tests.e2e.kubelet import RegisteredNode, register_node
+from tests.e2e.kubelet import RegisteredNode, has_taint, register_node, startup_taint_key
 from tests.e2e.migration.harness import (
     MOVE_TIMEOUT,
     MigrationRelease,
     back_in_tree,
+    bound_pair,
     cleanup,
     converted_and_bound,
     events_about,
     migration_release,
     unique,
+    wait_all_bound,
 )
 from tests.e2e.migration.volumes import Kubelet, Mounted
 from tests.e2e.process import wait_for
@@ -41,6 +46,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.root]
 AWS_GATES = "--feature-gates=CSIMigration=true,CSIMigrationAWS=true"
 OFF_GATES = "--feature-gates=CSIMigration=true,CSIMigrationAWS=false"
 MIGRATED_PLUGINS = "storage.alpha.kubernetes.io/migrated-plugins"
+BETA_ZONE = "failure-domain.beta.kubernetes.io/zone"
 
 
 @dataclass
@@ -54,8 +60,8 @@ class Ebs:
     legacy_class: str
 
     @property
-    def testbed(self) -> Testbed:
-        return Testbed("ebs-standin", self.kube, self.deployment, self.node)
+    def bed(self) -> Bed:
+        return Bed("ebs-standin", self.kube, self.deployment, self.node)
 
     def provision(self, claim: str, run: str) -> Obj:
         """A claim of the legacy class, bound to the in-tree PV the driver provisioned; labelled `run`."""
@@ -73,6 +79,51 @@ class Ebs:
         pvc = self.kube.wait(pvcs(self.namespace, claim), phase_is("Bound"), 90, f"claim {claim} bound")
         name = pvc["spec"]["volumeName"]
         return self.kube.patch(pvs(name), {"metadata": {"labels": {"e2e-run": run}}})
+
+    def legacy_pv(self, claim: str, run: str) -> Obj:
+        """A disk the way the in-tree plugin left it: created on EBS (CreateVolume here), and a PV whose
+        volumeID is `aws://<zone>/vol-...` with the beta zone label, bound to `claim`."""
+        with client(self.deployment.controller_endpoint) as csi:
+            volume = csi.controller.CreateVolume(
+                csi_pb2.CreateVolumeRequest(
+                    name=unique("kubernetes-dynamic-pvc"),
+                    parameters={"type": "gp2"},
+                    capacity_range=csi_pb2.CapacityRange(required_bytes=1024**3),
+                    volume_capabilities=[mount_capability()],
+                ),
+                timeout=60,
+            ).volume
+        pv = {
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
+            "metadata": {
+                "name": unique("pvc"),
+                "labels": {"e2e-run": run, BETA_ZONE: AWS_ZONE},
+                "annotations": {"pv.kubernetes.io/provisioned-by": "kubernetes.io/aws-ebs"},
+            },
+            "spec": {
+                "capacity": {"storage": "1Gi"},
+                "accessModes": ["ReadWriteOnce"],
+                "persistentVolumeReclaimPolicy": "Delete",
+                "storageClassName": self.legacy_class,
+                "awsElasticBlockStore": {
+                    "volumeID": f"aws://{AWS_ZONE}/{volume.volume_id}",
+                    "fsType": "ext4",
+                },
+            },
+        }
+        bound_pair(self.kube, self.namespace, pv, claim)
+        wait_all_bound(self.kube, self.namespace, [claim])
+        return self.kube.get(pvs(pv["metadata"]["name"]))
+
+
+def mount_capability() -> csi_pb2.VolumeCapability:
+    return csi_pb2.VolumeCapability(
+        mount=csi_pb2.VolumeCapability.MountVolume(fs_type="ext4"),
+        access_mode=csi_pb2.VolumeCapability.AccessMode(
+            mode=csi_pb2.VolumeCapability.AccessMode.SINGLE_NODE_WRITER
+        ),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -98,8 +149,13 @@ def ebs(cluster: Cluster) -> Iterator[Ebs]:
         # Snapshots play no part here: no VolumeSnapshot CRDs, no csi-snapshotter.
         values = {**flavor_values("ebs-standin", ""), "volumeSnapshotClasses": []}
         values["sidecars"] = {"snapshotter": {"enabled": False}}
-        with deployed_chart(cluster, values, namespace) as deployment:
-            node = register_node(kube, deployment, unique("node"))
+        node_name = unique("node")
+        with deployed_chart(cluster, values, namespace, controller_node=node_name) as deployment:
+            node = register_node(kube, deployment, node_name)
+            # Pods go on the node only once the plugin has removed its startup taint (NoExecute: the
+            # taint-eviction controller deletes pods that land before).
+            taint = startup_taint_key(deployment.driver_name)
+            wait_for(lambda: not has_taint(kube, node_name, taint), 60, "the node plugin to remove its taint")
             # kubelet, with CSI migration on, lists the migrated plugins on its CSINode; the attach-detach
             # controller then attaches in-tree aws-ebs volumes through ebs.csi.aws.com.
             kube.patch(
@@ -107,7 +163,7 @@ def ebs(cluster: Cluster) -> Iterator[Ebs]:
                 {"metadata": {"annotations": {MIGRATED_PLUGINS: "kubernetes.io/aws-ebs"}}},
             )
             release = migration_release(cluster, namespace)
-            kubelet = Kubelet(kube, node, deployment.node_endpoint(node.name), deployment.workdir / "kubelet")
+            kubelet = Kubelet(kube, node, deployment.node_endpoint(node.name), node_kubelet_dir(node))
             try:
                 yield Ebs(kube, namespace, deployment, node, kubelet, release, legacy)
             finally:
@@ -115,6 +171,13 @@ def ebs(cluster: Cluster) -> Iterator[Ebs]:
     finally:
         kube.delete(storage_classes(legacy))
         kube.delete(namespaces(namespace))
+
+
+def node_kubelet_dir(node: RegisteredNode) -> Path:
+    """The kubelet dir the node plugin was started with (its --kubelet-dir, as the harness passed it)."""
+    argv = node.pod.processes["ballast-plugin"].argv
+    (value,) = [a.split("=", 1)[1] for a in argv if a.startswith("--kubelet-dir=")]
+    return Path(value)
 
 
 def write_line(mounted: Mounted, line: str) -> None:
@@ -130,7 +193,7 @@ def read_lines(mounted: Mounted) -> list[str]:
 
 def test_data_written_in_tree_reads_back_through_the_csi_pv_and_after_rollback(ebs: Ebs) -> None:
     run, kube, ns = unique("data"), ebs.kube, ebs.namespace
-    in_tree = ebs.provision("data", run)
+    in_tree = ebs.legacy_pv("data", run)
     name = in_tree["metadata"]["name"]
     volume_id = in_tree["spec"]["awsElasticBlockStore"]["volumeID"]
     assert volume_id.startswith(f"aws://{AWS_ZONE}/vol-")
@@ -183,17 +246,21 @@ def deleted_with_its_claim(ebs: Ebs, claim: str, pv: Obj) -> None:
     assert notes["pv.kubernetes.io/provisioned-by"] == "kubernetes.io/aws-ebs"
     assert notes["pv.kubernetes.io/migrated-to"] == "ebs.csi.aws.com"
     assert pv["spec"]["persistentVolumeReclaimPolicy"] == "Delete"
+    # The PV was re-created without finalizers: pv-protection comes back at admission, and the
+    # external-provisioner adds its own again because migrated-to names its driver and policy is Delete.
     finalizers = ebs.kube.get(pvs(pv["metadata"]["name"]))["metadata"]["finalizers"]
-    assert "kubernetes.io/pv-protection" in finalizers
+    assert {"kubernetes.io/pv-protection", "external-provisioner.volume.kubernetes.io/finalizer"} <= set(
+        finalizers
+    )
     handle = (
         pv["spec"]["csi"]["volumeHandle"]
         if "csi" in pv["spec"]
         else (pv["spec"]["awsElasticBlockStore"]["volumeID"].rsplit("/", 1)[1])
     )
-    assert backend_volume(ebs.testbed, handle) is not None
+    assert backend_volume(ebs.bed, handle) is not None
     ebs.kube.delete(pvcs(ebs.namespace, claim))
     ebs.kube.wait_gone(pvs(pv["metadata"]["name"]), 90, "the PV, deleted by its reclaim policy")
-    assert backend_volume(ebs.testbed, handle) is None, "the disk is deleted with it"
+    assert backend_volume(ebs.bed, handle) is None, "the disk is deleted with it"
 
 
 def test_reclaim_policy_delete_still_deletes_the_disk_after_conversion(ebs: Ebs) -> None:
