@@ -40,6 +40,7 @@ from tests.e2e.migration.harness import (
 )
 from tests.e2e.migration.volumes import Kubelet, Mounted
 from tests.e2e.process import wait_for
+from tests.integration.conftest import write_mbr
 from tests.shim.migrate.samples import Obj
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
@@ -80,7 +81,11 @@ class Ebs:
         name = pvc["spec"]["volumeName"]
         return self.kube.patch(pvs(name), {"metadata": {"labels": {"e2e-run": run}}})
 
-    def legacy_pv(self, claim: str, run: str) -> Obj:
+    def volume_file(self, volume_id: str) -> Path:
+        """The local backend's file behind a volume (the stand-in's "EBS volume")."""
+        return self.deployment.workdir / "data" / "volumes" / f"{volume_id}.img"
+
+    def legacy_pv(self, claim: str, run: str, partition: int = 0) -> Obj:
         """A disk the way the in-tree plugin left it: created on EBS (CreateVolume here), and a PV whose
         volumeID is `aws://<zone>/vol-...` with the beta zone label, bound to `claim`."""
         with client(self.deployment.controller_endpoint) as csi:
@@ -112,6 +117,8 @@ class Ebs:
                 },
             },
         }
+        if partition:
+            pv["spec"]["awsElasticBlockStore"]["partition"] = partition
         bound_pair(self.kube, self.namespace, pv, claim)
         wait_all_bound(self.kube, self.namespace, [claim])
         return self.kube.get(pvs(pv["metadata"]["name"]))
@@ -269,3 +276,36 @@ def test_reclaim_policy_delete_still_deletes_the_disk_after_conversion(ebs: Ebs)
     ebs.release.start("ctrl", AWS_GATES, f"--selector=e2e-run={run}", "--leader-elect=false")
     converted = kube.wait(pvs(name), converted_and_bound(kube, ns, "gone"), MOVE_TIMEOUT, "converted")
     deleted_with_its_claim(ebs, "gone", converted)
+
+
+def test_the_partition_of_a_legacy_pv_is_what_the_converted_pv_mounts(ebs: Ebs) -> None:
+    """In-tree `partition: 1` becomes the CSI attribute partition "1": the node stages /dev/loopNp1
+    before and after conversion, never the whole disk (it holds a partition table), and the data stays."""
+    run, kube, ns = unique("part"), ebs.kube, ebs.namespace
+    in_tree = ebs.legacy_pv("part", run, partition=1)
+    name = in_tree["metadata"]["name"]
+    volume_id = in_tree["spec"]["awsElasticBlockStore"]["volumeID"].rsplit("/", 1)[1]
+    write_mbr(str(ebs.volume_file(volume_id)), 2048, 1024**3 // 512 - 2048)
+    writer = ebs.kubelet.start_pod(ns, "p-writer", "part", in_tree)
+    assert mount_source(writer.staging).endswith("p1")
+    write_line(writer, "on partition 1")
+    ebs.kubelet.stop_pod(ns, writer, name)
+    ebs.release.start("ctrl", AWS_GATES, f"--selector=e2e-run={run}", "--leader-elect=false")
+    converted = kube.wait(pvs(name), converted_and_bound(kube, ns, "part"), MOVE_TIMEOUT, "converted")
+    assert converted["spec"]["csi"]["volumeAttributes"] == {"partition": "1"}
+    reader = ebs.kubelet.start_pod(ns, "p-reader", "part", converted)
+    assert mount_source(reader.staging).endswith("p1")
+    assert read_lines(reader) == ["on partition 1"]
+    ebs.kubelet.stop_pod(ns, reader, name)
+    with open(ebs.volume_file(volume_id), "rb") as fh:
+        fh.seek(510)
+        assert fh.read(2) == b"\x55\xaa", "the partition table was kept"
+
+
+def mount_source(path: Path) -> str:
+    """The device mounted at `path`, from this host's mount table."""
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = line.split()
+        if fields[4] == str(path):
+            return fields[fields.index("-") + 2]
+    raise AssertionError(f"nothing is mounted at {path}")
