@@ -13,7 +13,7 @@ from shim.migrate import objects as o
 from shim.migrate.actor import Actor
 from shim.migrate.events import NORMAL, WARNING, Ref
 from shim.migrate.journal import CONVERT, ROLLBACK
-from shim.migrate.kube import STORAGE_CLASSES, ApiError
+from shim.migrate.kube import STORAGE_CLASSES
 from shim.migrate.lock import lease_name
 from shim.migrate.twins import ANN_PLUGIN, is_twin
 from shim.migrate.usage import is_terminated
@@ -99,12 +99,9 @@ class Syncer:
         return classes
 
     def storage_class(self, name: str) -> None:
-        try:
-            sc = self._actor.client.get(STORAGE_CLASSES, name)
-        except ApiError as exc:
-            if exc.not_found:
-                return
-            raise
+        sc = self._actor.client.get_or_none(STORAGE_CLASSES, name)
+        if sc is None:
+            return
         if is_twin(sc):
             plugin = o.annotations_of(sc).get(ANN_PLUGIN, "")
             if not self._gates.is_migration_enabled(plugin):

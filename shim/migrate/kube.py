@@ -169,6 +169,15 @@ class KubeClient:
     def get(self, resource: Resource, name: str, namespace: str | None = None) -> JsonObj:
         return self._json("get", "GET", resource.path(namespace, name))
 
+    def get_or_none(self, resource: Resource, name: str, namespace: str | None = None) -> JsonObj | None:
+        """The object, or None when it does not exist."""
+        try:
+            return self.get(resource, name, namespace)
+        except ApiError as exc:
+            if exc.not_found:
+                return None
+            raise
+
     def list_page(self, resource: Resource, namespace: str | None = None, **query: Any) -> JsonObj:
         """One page of a list; `query` takes labelSelector, fieldSelector, limit, continue, ..."""
         return self._json("list", "GET", resource.path(namespace) + _query(query))

@@ -74,12 +74,7 @@ def _now() -> str:
 
 
 def get_pv(ctx: Context, name: str) -> JsonObj | None:
-    try:
-        return ctx.client.get(PVS, name)
-    except ApiError as exc:
-        if exc.not_found:
-            return None
-        raise
+    return ctx.client.get_or_none(PVS, name)
 
 
 def same_content(a: JsonObj, b: JsonObj) -> bool:

@@ -103,12 +103,7 @@ class Twins:
         self._move_default = move_default
 
     def _get(self, name: str) -> JsonObj | None:
-        try:
-            return self._client.get(STORAGE_CLASSES, name)
-        except ApiError as exc:
-            if exc.not_found:
-                return None
-            raise
+        return self._client.get_or_none(STORAGE_CLASSES, name)
 
     def desired(self, sc: JsonObj) -> JsonObj | TwinResult:
         """The twin `sc` should have, or why it has none (skipped: Event + metric)."""

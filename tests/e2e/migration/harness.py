@@ -30,6 +30,7 @@ from tests.e2e.cluster import Cluster
 from tests.e2e.deploy import apply_objects, delete_objects
 from tests.e2e.kube import Kube, KubeError, events, leases, phase_is, pvcs, pvs
 from tests.e2e.process import Process, free_port
+from tests.shim.migrate.samples import sample_pv
 
 Obj = dict[str, Any]
 MIGRATE = REPO / ".venv" / "bin" / "ballast-migrate"
@@ -161,7 +162,7 @@ def migration_release(
 def _for_migration(obj: Obj) -> bool:
     """The migration controller's objects, plus the Leases Role its RoleBinding names."""
     labels = obj["metadata"].get("labels", {})
-    return labels.get("app.kubernetes.io/component") == "migration" or obj["metadata"]["name"].endswith(
+    return bool(labels.get("app.kubernetes.io/component") == "migration") or obj["metadata"]["name"].endswith(
         "-leases"
     )
 
@@ -195,6 +196,32 @@ def bound_pair(kube: Kube, namespace: str, pv: Obj, claim: str, storage_class: s
             },
         },
     )
+
+
+def plugin_pvs(kube: Kube, namespace: str, run: str, plugins: Sequence[str]) -> dict[str, str]:
+    """One bound sample PV per plugin, labelled e2e-run=`run`; plugin -> PV name (its claim: the plugin)."""
+    names = {}
+    for plugin in plugins:
+        pv = sample_pv(plugin, name=f"{run}-{plugin}")
+        pv["metadata"].setdefault("labels", {})["e2e-run"] = run
+        bound_pair(kube, namespace, pv, claim=plugin)
+        names[plugin] = pv["metadata"]["name"]
+    wait_all_bound(kube, namespace, list(plugins))
+    return names
+
+
+def ebs_batch(kube: Kube, namespace: str, run: str, count: int, timeout: float = 60) -> list[str]:
+    """`count` bound EBS PVs on distinct volume IDs, labelled e2e-run=`run`, each with a claim named
+    like it; waits until all are Bound."""
+    names = []
+    for i in range(count):
+        pv = sample_pv("aws-ebs", name=f"{run}-{i:04d}")
+        pv["metadata"]["labels"]["e2e-run"] = run
+        pv["spec"]["awsElasticBlockStore"]["volumeID"] = f"aws://us-east-1a/vol-{i:017x}"
+        bound_pair(kube, namespace, pv, claim=pv["metadata"]["name"])
+        names.append(pv["metadata"]["name"])
+    wait_all_bound(kube, namespace, names, timeout)
+    return names
 
 
 def wait_all_bound(kube: Kube, namespace: str, claims: Sequence[str], timeout: float = 60) -> None:

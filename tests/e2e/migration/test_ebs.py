@@ -98,7 +98,7 @@ class Ebs:
                 ),
                 timeout=60,
             ).volume
-        pv = {
+        pv: Obj = {
             "apiVersion": "v1",
             "kind": "PersistentVolume",
             "metadata": {

@@ -161,7 +161,7 @@ def _kill_round(
         started[kill.step] = release.start(f"{direction}-{kill.step}", *args, env=env)
     for step, controller in started.items():
         kill = kills[step]
-        wait_for(lambda c=controller: not c.process.alive(), MOVE_TIMEOUT, f"the kill at {direction}.{step}")
+        wait_for(lambda: not controller.process.alive(), MOVE_TIMEOUT, f"the kill at {direction}.{step}")  # noqa: B023
         kill.pid, kill.returncode = controller.process.pid, controller.process.proc.returncode
         kill.recorded = kill.record_file.read_text() if kill.record_file.exists() else ""
         kill.lease = _get(kube, leases(namespace, lease_name(kill.pv)))

@@ -15,13 +15,11 @@ from tests.e2e.migration.harness import (
     MOVE_TIMEOUT,
     MigrationRelease,
     back_in_tree,
-    bound_pair,
     converted_and_bound,
+    plugin_pvs,
     unique,
-    wait_all_bound,
 )
 from tests.e2e.process import Process, wait_for
-from tests.shim.migrate.samples import sample_pv
 
 pytestmark = pytest.mark.slow
 
@@ -39,20 +37,9 @@ def json_output(log: str) -> Any:
     return json.loads(log[start : log.rindex("}") + 1])
 
 
-def make(kube: Kube, namespace: str, run: str, plugins: list[str]) -> dict[str, str]:
-    names = {}
-    for plugin in plugins:
-        pv = sample_pv(plugin, name=f"{run}-{plugin}")
-        pv["metadata"].setdefault("labels", {})["e2e-run"] = run
-        bound_pair(kube, namespace, pv, claim=plugin)
-        names[plugin] = pv["metadata"]["name"]
-    wait_all_bound(kube, namespace, plugins)
-    return names
-
-
 def test_dry_run_plans_and_changes_nothing(release: MigrationRelease, kube: Kube, namespace: str) -> None:
     run = unique("dry")
-    names = make(kube, namespace, run, ["aws-ebs", "gce-pd"])
+    names = plugin_pvs(kube, namespace, run, ["aws-ebs", "gce-pd"])
     before = {n: kube.get(pvs(n)) for n in names.values()}
     code, log = finished(release.one_shot("apply", f"--selector=e2e-run={run}", "--dry-run", "-o", "json"))
     assert code == 0, log
@@ -68,7 +55,7 @@ def test_apply_selects_by_plugin_blocks_on_use_and_rollback_undoes(
     release: MigrationRelease, kube: Kube, namespace: str
 ) -> None:
     run = unique("sel")
-    names = make(kube, namespace, run, ["aws-ebs", "gce-pd", "cinder"])
+    names = plugin_pvs(kube, namespace, run, ["aws-ebs", "gce-pd", "cinder"])
     kube.create(
         pods(namespace),
         {
@@ -101,7 +88,7 @@ def test_status_shows_a_killed_journal_and_apply_finishes_it(
     release: MigrationRelease, kube: Kube, namespace: str
 ) -> None:
     run = unique("status")
-    names = make(kube, namespace, run, ["aws-ebs", "portworx"])
+    names = plugin_pvs(kube, namespace, run, ["aws-ebs", "portworx"])
     kube.patch(pvs(names["aws-ebs"]), {"metadata": {"labels": {"kill-me": "yes"}}})
     killed = release.start(
         "ctrl",

@@ -19,29 +19,16 @@ from tests.e2e.migration.harness import (
     NO_GATES,
     MigrationRelease,
     back_in_tree,
-    bound_pair,
     converted_and_bound,
     events_about,
     no_lock,
+    plugin_pvs,
     unique,
-    wait_all_bound,
 )
-from tests.shim.migrate.samples import PLUGINS, Obj, sample_pv
+from tests.shim.migrate.samples import PLUGINS, Obj
 
 pytestmark = pytest.mark.slow
 KEPT_SPEC = ("capacity", "accessModes", "claimRef", "volumeMode", "mountOptions", "storageClassName")
-
-
-def create_all(kube: Kube, namespace: str, run: str) -> dict[str, str]:
-    """One bound PV per plugin, labelled for this run; plugin -> PV name (the claim is the plugin)."""
-    names = {}
-    for plugin in PLUGINS:
-        pv = sample_pv(plugin, name=f"{run}-{plugin}")
-        pv["metadata"].setdefault("labels", {})["e2e-run"] = run
-        bound_pair(kube, namespace, pv, claim=plugin)
-        names[plugin] = pv["metadata"]["name"]
-    wait_all_bound(kube, namespace, list(PLUGINS))
-    return names
 
 
 def check_converted(kube: Kube, namespace: str, plugin: str, original: Obj, converted: Obj) -> None:
@@ -70,7 +57,7 @@ def test_each_plugin_converts_and_rolls_back_to_exactly_its_original(
     release: MigrationRelease, kube: Kube, namespace: str
 ) -> None:
     run = unique("pp")
-    names = create_all(kube, namespace, run)
+    names = plugin_pvs(kube, namespace, run, list(PLUGINS))
     originals = {plugin: kube.get(pvs(name)) for plugin, name in names.items()}
     selector = f"--selector=e2e-run={run}"
     release.start("forward", f"--feature-gates={ALL_GATES}", selector, "--leader-elect=false")

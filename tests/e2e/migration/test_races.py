@@ -19,28 +19,14 @@ from tests.e2e.migration.harness import (
     ALL_GATES,
     MOVE_TIMEOUT,
     MigrationRelease,
-    bound_pair,
     converted_and_bound,
+    ebs_batch,
     unique,
-    wait_all_bound,
 )
 from tests.e2e.migration.watcher import PVWatch
 from tests.e2e.process import wait_for
-from tests.shim.migrate.samples import sample_pv
 
 pytestmark = pytest.mark.slow
-
-
-def make_batch(kube: Kube, namespace: str, run: str, count: int) -> list[str]:
-    names = []
-    for i in range(count):
-        pv = sample_pv("aws-ebs", name=f"{run}-{i:03d}")
-        pv["metadata"]["labels"]["e2e-run"] = run
-        pv["spec"]["awsElasticBlockStore"]["volumeID"] = f"aws://us-east-1a/vol-{i:017x}"
-        bound_pair(kube, namespace, pv, claim=f"c-{i:03d}")
-        names.append(pv["metadata"]["name"])
-    wait_all_bound(kube, namespace, [f"c-{i:03d}" for i in range(count)])
-    return names
 
 
 def wait_converted(kube: Kube, namespace: str, names: list[str]) -> dict[str, str]:
@@ -72,7 +58,7 @@ def test_two_controller_versions_without_leader_election_convert_each_pv_once(
     with PVWatch(cluster, f"e2e-run={run}") as watch:
         old = release.start("old", *common, "--holder-identity=ctrl-old_0.1.0")
         new = release.start("new", *common, "--holder-identity=ctrl-new_0.2.0")
-        names = make_batch(kube, namespace, run, 50)  # created while both watch: they race for every PV
+        names = ebs_batch(kube, namespace, run, 50)  # created while both watch: they race for every PV
         by = wait_converted(kube, namespace, names)
     assert_exactly_once(watch, names, created_while_watching=True)
     assert set(by.values()) <= {"ctrl-old_0.1.0", "ctrl-new_0.2.0"}
@@ -90,7 +76,7 @@ def test_one_shot_apply_racing_the_controller_converts_each_pv_once(
     release: MigrationRelease, kube: Kube, namespace: str, cluster: Cluster
 ) -> None:
     run = unique("apply")
-    names = make_batch(kube, namespace, run, 50)
+    names = ebs_batch(kube, namespace, run, 50)
     with PVWatch(cluster, f"e2e-run={run}") as watch:
         release.start(
             "ctrl", f"--feature-gates={ALL_GATES}", f"--selector=e2e-run={run}", "--leader-elect=false"
@@ -108,7 +94,7 @@ def test_the_other_replica_finishes_the_batch_when_the_leader_dies(
     release: MigrationRelease, kube: Kube, namespace: str, cluster: Cluster
 ) -> None:
     run = unique("failover")
-    names = make_batch(kube, namespace, run, 20)
+    names = ebs_batch(kube, namespace, run, 20)
     timings = (
         "--leader-elect-lease-duration=4s",
         "--leader-elect-renew-deadline=3s",

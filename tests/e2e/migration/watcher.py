@@ -19,15 +19,17 @@ class PVWatch:
 
     def __init__(self, cluster: Cluster, selector: str) -> None:
         configuration = kubernetes.client.Configuration()
+        loaders: Any = kubernetes.config  # untyped package functions
         # persist_config=False: the default rewrites the kubeconfig, which other readers may see empty.
-        kubernetes.config.load_kube_config(
+        loaders.load_kube_config(
             config_file=str(cluster.admin_kubeconfig),
             client_configuration=configuration,
             persist_config=False,
         )
         self._api = kubernetes.client.CoreV1Api(kubernetes.client.ApiClient(configuration))
         self._selector = selector
-        self._watch = kubernetes.watch.Watch()
+        watch_module: Any = kubernetes.watch  # an untyped class
+        self._watch = watch_module.Watch()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._stop = threading.Event()
         self.deleted: Counter[str] = Counter()
@@ -36,8 +38,8 @@ class PVWatch:
         self._version = ""
 
     def __enter__(self) -> PVWatch:
-        listed = self._api.list_persistent_volume(label_selector=self._selector)
-        self._version = listed.metadata.resource_version
+        listed: Any = self._api.list_persistent_volume(label_selector=self._selector)
+        self._version = str(listed.metadata.resource_version)
         self._thread.start()
         return self
 
