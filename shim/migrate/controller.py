@@ -143,9 +143,6 @@ class Controller:
         started = [r for r in self.reflectors if r.started]
         return all(r.alive() for r in started) and all(w.is_alive() for w in self._workers)
 
-    def idle(self) -> bool:
-        return self._queue.idle()
-
     def run(self, stopping: threading.Event) -> None:
         """Work until `stopping` is set (leader lost or shutdown), then stop the workers."""
         for reflector in self.reflectors:

@@ -83,12 +83,6 @@ class Metrics:
         """The kube client's request hook."""
         self.api_requests.labels(verb, resource, str(code)).inc()
 
-    def api_request_count(self) -> float:
-        """Total API requests so far (benchmarks read it)."""
-        return sum(
-            s.value for m in self.api_requests.collect() for s in m.samples if s.name.endswith("_total")
-        )
-
 
 class MetricsServer:
     """/metrics (Prometheus text) and /healthz (200 while `healthy()`, else 503) on one address."""

@@ -89,10 +89,6 @@ class WorkQueue:
             self._closed = True
             self._cond.notify_all()
 
-    def __len__(self) -> int:
-        with self._cond:
-            return len(self._queue) + len(self._delayed)
-
     def idle(self) -> bool:
         """Nothing queued, scheduled or being processed."""
         with self._cond:

@@ -309,3 +309,32 @@ def mount_source(path: Path) -> str:
         if fields[4] == str(path):
             return fields[fields.index("-") + 2]
     raise AssertionError(f"nothing is mounted at {path}")
+
+
+def test_a_claim_of_the_twin_provisions_a_csi_pv_through_the_driver(ebs: Ebs) -> None:
+    """The legacy class's twin carries the translated parameters (fsType as csi.storage.k8s.io/fstype)
+    and ebs.csi.aws.com as provisioner; a claim of it gets a native CSI PV from the driver."""
+    kube, twin = ebs.kube, f"{ebs.legacy_class}-csi"
+    ebs.release.start("twins", AWS_GATES, "--selector=e2e-run=none", "--leader-elect=false")
+    made = kube.wait(storage_classes(twin), lambda sc: True, 60, "the twin of the legacy class")
+    assert made["parameters"] == {"type": "gp2", "csi.storage.k8s.io/fstype": "ext4"}
+    kube.create(
+        pvcs(ebs.namespace),
+        {
+            "metadata": {"name": "on-twin"},
+            "spec": {
+                "accessModes": ["ReadWriteOnce"],
+                "storageClassName": twin,
+                "resources": {"requests": {"storage": "1Gi"}},
+            },
+        },
+    )
+    pvc = kube.wait(pvcs(ebs.namespace, "on-twin"), phase_is("Bound"), 90, "a claim of the twin bound")
+    pv = kube.get(pvs(pvc["spec"]["volumeName"]))
+    assert pv["spec"]["csi"]["driver"] == "ebs.csi.aws.com" and "awsElasticBlockStore" not in pv["spec"]
+    assert pv["spec"]["csi"]["fsType"] == "ext4"
+    assert backend_volume(ebs.bed, pv["spec"]["csi"]["volumeHandle"]) is not None
+    ebs.release.stop_all()
+    kube.delete(pvcs(ebs.namespace, "on-twin"))
+    kube.wait_gone(pvs(pv["metadata"]["name"]), 90, "the twin's PV, deleted with its claim")
+    kube.delete(storage_classes(twin))

@@ -16,6 +16,7 @@ from tests.e2e.migration.harness import (
     MigrationRelease,
     back_in_tree,
     converted_and_bound,
+    events_about,
     plugin_pvs,
     unique,
 )
@@ -110,3 +111,24 @@ def test_status_shows_a_killed_journal_and_apply_finishes_it(
     (volume,) = json_output(log)["volumes"]
     assert volume["result"] == "done", "waited for the dead holder's lock, then finished its journal"
     kube.wait(pvs(names["aws-ebs"]), converted_and_bound(kube, namespace, "aws-ebs"), 30, "converted")
+
+
+def test_controller_dry_run_changes_nothing_and_logs_json(
+    release: MigrationRelease, kube: Kube, namespace: str
+) -> None:
+    run = unique("ctrl-dry")
+    names = plugin_pvs(kube, namespace, run, ["aws-ebs", "azure-disk"])
+    before = {n: kube.get(pvs(n))["spec"] for n in names.values()}
+    controller = release.start(
+        "dry", f"--feature-gates={ALL_GATES}", f"--selector=e2e-run={run}", "--dry-run", "--log-format=json"
+    )
+
+    def planned() -> list[dict[str, Any]]:
+        lines = [json.loads(line) for line in controller.process.log.read_text().splitlines() if line.strip()]
+        return [line for line in lines if line["msg"].startswith("dry run: PV") and "planned" in line["msg"]]
+
+    wait_for(lambda: len(planned()) == 2, 60, "both PVs planned", diagnose=controller.process.tail)
+    assert {line["level"] for line in planned()} == {"info"}
+    assert {n: kube.get(pvs(n))["spec"] for n in names.values()} == before
+    assert kube.items(leases(namespace)) == [], "a dry run takes no lock and elects no leader"
+    assert events_about(kube, "default", names["aws-ebs"]) == []
