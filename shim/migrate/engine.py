@@ -176,7 +176,7 @@ class Engine:
     def run(self, name: str, direction: str | None) -> Outcome:
         """Move PV `name` towards `direction` (None: only finish a journal); see the module docstring."""
         try:
-            lock = self._locks.acquire(name)
+            lock = self._locks.acquire(name, create=direction is not None)
         except Busy as exc:
             return self._count(Outcome(name, direction or "", BUSY, str(exc)))
         except JournalError as exc:
@@ -184,6 +184,8 @@ class Engine:
             ref = Ref("v1", "PersistentVolume", name)
             self.ctx.events.emit(ref, WARNING, "MigrationStuck", f"its journal cannot be used: {exc}")
             return self._count(Outcome(name, direction or "", REFUSED, str(exc)))
+        if lock is None:
+            return Outcome(name, "", NOOP, "no journal to finish")
         return self._count(self._under_lock(lock, name, direction))
 
     def _count(self, outcome: Outcome) -> Outcome:

@@ -132,16 +132,14 @@ class PVLocks:
         self.holder = holder
         self._observations = observations or Observations()
 
-    def acquire(self, pv: str) -> PVLock:
+    def acquire(self, pv: str, create: bool = True) -> PVLock | None:
         """The PV's lock; raises Busy when another live actor holds it, JournalError (lock not
-        taken) when its journal is unreadable or of a newer format."""
+        taken) when its journal is unreadable or of a newer format. With `create=False` only an
+        existing Lease is taken (None when there is none): finishing journals creates no lock."""
         name = lease_name(pv)
-        try:
-            lease = self._client.get(LEASES, name, self.namespace)
-        except ApiError as exc:
-            if not exc.not_found:
-                raise
-            return PVLock(self, pv, self._create(name, pv), None)
+        lease = self._client.get_or_none(LEASES, name, self.namespace)
+        if lease is None:
+            return PVLock(self, pv, self._create(name, pv), None) if create else None
         journal = journal_of(lease)  # before taking it: never take what cannot be finished
         self._check_free(lease)
         try:

@@ -93,13 +93,16 @@ def patch_fresh(
     name: str,
     uid: str,
     change: Callable[[JsonObj], JsonObj | None],
-    gone: type[Exception] = Refused,
+    gone: type[Exception] | None = Refused,
 ) -> None:
     """Apply `change(pv)` (None: nothing to do) as a patch conditional on uid and resourceVersion;
-    a 409 conflict re-reads the PV and tries again. A missing or replaced PV raises `gone`."""
+    a 409 conflict re-reads the PV and tries again. A missing or replaced PV raises `gone` (None:
+    returns, the PV's going being the point)."""
     for _ in range(CONFLICT_ATTEMPTS):
         pv = get_pv(ctx, name)
         if pv is None or uid_of(pv) != uid:
+            if gone is None:
+                return
             raise gone(f"PV {name} (uid {uid}) vanished or was replaced while the step ran")
         patch = change(pv)
         if patch is None:
@@ -113,6 +116,8 @@ def patch_fresh(
             ctx.client.patch(PVS, name, {**patch, "metadata": metadata})
             return
         except ApiError as exc:
+            if exc.not_found:
+                continue  # gone between the read and the patch: the next read says what that means
             if not exc.conflict:
                 raise
             ctx.metrics.conflicts.inc()
@@ -174,7 +179,7 @@ def release(ctx: Context, j: Journal, source: JsonObj) -> None:
         return
     if uid_of(pv) != j.source_uid:
         raise Refused(f"PV {j.pv} was replaced by another actor before the journal created it")
-    patch_fresh(ctx, j.pv, j.source_uid, drop_finalizers)
+    patch_fresh(ctx, j.pv, j.source_uid, drop_finalizers, gone=None)  # gone meanwhile: that is done
     deadline = time.monotonic() + GONE_TIMEOUT
     while time.monotonic() < deadline:
         pv = get_pv(ctx, j.pv)

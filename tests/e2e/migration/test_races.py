@@ -33,9 +33,8 @@ def wait_converted(kube: Kube, namespace: str, names: list[str]) -> dict[str, st
     """Wait until every PV is converted and settled; PV -> the identity that converted it."""
     by = {}
     for name in names:
-        claim = f"c-{name.rsplit('-', 1)[1]}"
         pv = kube.wait(
-            pvs(name), converted_and_bound(kube, namespace, claim), MOVE_TIMEOUT * 2, f"{name} converted"
+            pvs(name), converted_and_bound(kube, namespace, name), MOVE_TIMEOUT * 2, f"{name} converted"
         )
         by[name] = pv["metadata"]["annotations"][ANN_CONVERTED_BY]
     return by
