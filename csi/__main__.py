@@ -12,7 +12,7 @@ import sys
 
 gc.disable()
 
-from csi.server import main  # noqa: E402  (after gc.disable, on purpose)
+from csi.cli import main  # noqa: E402  (after gc.disable, on purpose)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -6,7 +6,7 @@ from typing import Any, NamedTuple
 
 from csi._proto import csi_pb2
 from csi.backends.base import BackendCapabilities
-from csi.errors import Unimplemented
+from csi.failures import UnsupportedError
 
 CRPC = csi_pb2.ControllerServiceCapability.RPC
 NRPC = csi_pb2.NodeServiceCapability.RPC
@@ -84,12 +84,12 @@ class Capabilities(NamedTuple):
     def require_controller(self, rpc: Any, what: str) -> None:
         """Raise UNIMPLEMENTED when the controller capability behind `what` is not advertised."""
         if rpc not in self.controller:
-            raise Unimplemented(f"{what} is not supported by this driver's backend")
+            raise UnsupportedError(f"{what} is not supported by this driver's backend")
 
     def require_node(self, rpc: Any, what: str) -> None:
         if rpc not in self.node:
-            raise Unimplemented(f"{what} is not supported by this driver's backend")
+            raise UnsupportedError(f"{what} is not supported by this driver's backend")
 
     def require_group(self, what: str) -> None:
         if not self.group_controller:
-            raise Unimplemented(f"{what} is not supported by this driver's backend")
+            raise UnsupportedError(f"{what} is not supported by this driver's backend")

@@ -13,8 +13,8 @@ import socket
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-DEFAULT_DRIVER_NAMES = {"local": "local.csi.ballast.dev", "aws": "ebs.csi.aws.com"}
-BACKENDS = tuple(DEFAULT_DRIVER_NAMES)
+from csi import backend_registry as registry
+
 MODES = ("all", "controller", "node")
 DEFAULT_ENDPOINT = "unix:///run/csi/socket.sock"
 
@@ -41,7 +41,7 @@ class ServerConfig(NamedTuple):
 
 class BackendConfig(NamedTuple):
     name: str = "local"
-    driver_name: str = DEFAULT_DRIVER_NAMES["local"]
+    driver_name: str = registry.BUILTIN["local"].driver_name
     data_dir: str = "/var/lib/ballast"
     zone: str = "local"
     region: str = ""
@@ -141,6 +141,13 @@ def _env(name: str, default: str) -> str:
     return os.environ.get(name) or default
 
 
+def _backend(text: str) -> str:
+    try:
+        return registry.check_name(text)
+    except registry.UnknownBackend as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The `ballast-csi` command line; each flag documents its environment fallback."""
     p = argparse.ArgumentParser(
@@ -148,7 +155,14 @@ def build_parser() -> argparse.ArgumentParser:
         description="Ballast CSI driver (CSI v1.12): Identity, Controller and Node over a unix socket.",
     )
     p.add_argument("--version", action=_VersionAction, help="print the version and exit")
-    srv = p.add_argument_group("server")
+    _server_flags(p.add_argument_group("server"))
+    _backend_flags(p.add_argument_group("backend"))
+    _node_flags(p.add_argument_group("node"))
+    _subcommands(p)
+    return p
+
+
+def _server_flags(srv: argparse._ArgumentGroup) -> None:
     srv.add_argument(
         "--mode",
         choices=MODES,
@@ -185,19 +199,22 @@ def build_parser() -> argparse.ArgumentParser:
         default=_env("BALLAST_LOG_LEVEL", "info"),
         help="log level [BALLAST_LOG_LEVEL] (default: info)",
     )
-    be = p.add_argument_group("backend")
+
+
+def _backend_flags(be: argparse._ArgumentGroup) -> None:
     be.add_argument(
         "--backend",
-        choices=BACKENDS,
+        type=_backend,
         default=_env("BALLAST_BACKEND", "local"),
-        help="cloud backend [BALLAST_BACKEND] (default: local)",
+        help="cloud backend: local, aws, or one an installed package provides through the "
+        f"'{registry.ENTRY_POINT_GROUP}' entry-point group [BALLAST_BACKEND] (default: local)",
     )
     be.add_argument(
         "--driver-name",
         default=_env("BALLAST_DRIVER_NAME", ""),
         help="CSI driver name [BALLAST_DRIVER_NAME] (default per backend: "
-        + ", ".join(f"{k}: {v}" for k, v in DEFAULT_DRIVER_NAMES.items())
-        + ")",
+        + ", ".join(f"{k}: {v.driver_name}" for k, v in registry.BUILTIN.items())
+        + "; others: the backend's own)",
     )
     be.add_argument(
         "--data-dir",
@@ -231,7 +248,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=_env("AWS_ENDPOINT_URL_EC2", ""),
         help="aws backend: EC2 endpoint override (tests, private endpoints) [AWS_ENDPOINT_URL_EC2]",
     )
-    nd = p.add_argument_group("node")
+
+
+def _node_flags(nd: argparse._ArgumentGroup) -> None:
     nd.add_argument(
         "--node-id",
         default=_env("CSI_NODE_ID", ""),
@@ -268,6 +287,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=_env("BALLAST_FORMAT_CONCURRENCY", "2"),
         help="mkfs/fsck run at once on a node [BALLAST_FORMAT_CONCURRENCY] (default: 2)",
     )
+
+
+def _subcommands(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     demo = sub.add_parser("demo", help="run a full volume lifecycle on the local backend and print each step")
     demo.add_argument(
@@ -287,7 +309,6 @@ def build_parser() -> argparse.ArgumentParser:
         default="",
         help="the data dir to rebuild (default: the main --data-dir); stop every driver using it first",
     )
-    return p
 
 
 def _absolute(parser: argparse.ArgumentParser, flag: str, path: str) -> str:
@@ -298,7 +319,7 @@ def _absolute(parser: argparse.ArgumentParser, flag: str, path: str) -> str:
 
 def from_namespace(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> Config:
     """Build the frozen Config from parsed flags; path problems exit 2 naming the flag."""
-    driver_name = ns.driver_name or DEFAULT_DRIVER_NAMES[ns.backend]
+    driver_name = ns.driver_name or registry.default_driver_name(ns.backend)
     prefixes = tuple(_absolute(parser, "--allowed-path-prefix", x) for x in ns.allowed_path_prefix)
     return Config(
         server=ServerConfig(

@@ -13,22 +13,13 @@ import contextlib
 import grpc
 
 from csi._proto import csi_pb2, csi_pb2_grpc
-from csi.backends.base import (
-    Backend,
-    ContentSource,
-    Disk,
-    DiskOptions,
-    InvalidParameterError,
-    NotFoundError,
-    Snapshot,
-    SourceKind,
-)
+from csi.backends.base import Backend, ContentSource, Disk, DiskOptions, SourceKind
 from csi.capabilities import CRPC, Capabilities
-from csi.config import Config
-from csi.errors import FailedPrecondition, InvalidArgument, OutOfRange
+from csi.failures import FailedPreconditionError, InvalidParameterError, NotFoundError, OutOfRangeError
+from csi.filesystems import check_fs_type
 from csi.inflight import InFlight
+from csi.replies import snapshot_message, volume_message
 from csi.validation import (
-    FS_TYPES,
     MULTI_NODE_MODES,
     capacity_bytes,
     check_capabilities,
@@ -42,51 +33,15 @@ from csi.validation import (
 )
 
 
-def content_source(source: ContentSource | None) -> csi_pb2.VolumeContentSource | None:
-    if source is None:
-        return None
-    if source.kind is SourceKind.SNAPSHOT:
-        return csi_pb2.VolumeContentSource(
-            snapshot=csi_pb2.VolumeContentSource.SnapshotSource(snapshot_id=source.id)
-        )
-    return csi_pb2.VolumeContentSource(volume=csi_pb2.VolumeContentSource.VolumeSource(volume_id=source.id))
-
-
-def volume_message(disk: Disk) -> csi_pb2.Volume:
-    vol = csi_pb2.Volume(
-        volume_id=disk.id,
-        capacity_bytes=disk.size_bytes,
-        volume_context=dict(disk.volume_context),
-        content_source=content_source(disk.source),
-    )
-    if disk.topology:
-        vol.accessible_topology.append(csi_pb2.Topology(segments=dict(disk.topology)))
-    return vol
-
-
-def snapshot_message(snap: Snapshot) -> csi_pb2.Snapshot:
-    msg = csi_pb2.Snapshot(
-        snapshot_id=snap.id,
-        source_volume_id=snap.source_volume_id,
-        size_bytes=snap.size_bytes,
-        ready_to_use=snap.ready,
-        group_snapshot_id=snap.group_id,
-    )
-    msg.creation_time.FromNanoseconds(int(snap.created_at * 1e9))
-    return msg
-
-
 def _check_fs_type(caps: list[csi_pb2.VolumeCapability]) -> None:
     for cap in caps:
-        fs = cap.mount.fs_type if cap.HasField("mount") else ""
-        if fs and fs.lower() not in FS_TYPES:
-            raise InvalidArgument(f"fs_type {fs!r} is not supported; use one of {', '.join(FS_TYPES)}")
+        if cap.HasField("mount"):
+            check_fs_type(cap.mount.fs_type, "fs_type")
 
 
 class ControllerService(csi_pb2_grpc.ControllerServicer):
-    def __init__(self, backend: Backend, config: Config, caps: Capabilities, inflight: InFlight) -> None:
+    def __init__(self, backend: Backend, caps: Capabilities, inflight: InFlight) -> None:
         self._backend = backend
-        self._config = config
         self._caps = caps
         self._inflight = inflight
 
@@ -105,7 +60,7 @@ class ControllerService(csi_pb2_grpc.ControllerServicer):
             return {}
         check_map(parameters, "mutable_parameters")
         if CRPC.MODIFY_VOLUME not in self._caps.controller:
-            raise InvalidArgument("mutable_parameters are not supported by this driver's backend")
+            raise InvalidParameterError("mutable_parameters are not supported by this driver's backend")
         return self._backend.validate_mutable_parameters(parameters)
 
     def _source(self, request: csi_pb2.CreateVolumeRequest) -> ContentSource | None:
@@ -121,7 +76,7 @@ class ControllerService(csi_pb2_grpc.ControllerServicer):
             self._caps.require_controller(CRPC.CLONE_VOLUME, "cloning a volume")
             require(src.volume.volume_id, "volume_content_source.volume.volume_id")
             return ContentSource(SourceKind.VOLUME, src.volume.volume_id)
-        raise InvalidArgument("volume_content_source must name a snapshot or a volume")
+        raise InvalidParameterError("volume_content_source must name a snapshot or a volume")
 
     def CreateVolume(
         self, request: csi_pb2.CreateVolumeRequest, context: grpc.ServicerContext
@@ -206,12 +161,12 @@ class ControllerService(csi_pb2_grpc.ControllerServicer):
             check_capabilities(caps)
             _check_fs_type(caps)
             if not disk.multi_node and any(c.access_mode.mode in MULTI_NODE_MODES for c in caps):
-                raise InvalidArgument(f"volume {disk.id} was created for a single node")
+                raise InvalidParameterError(f"volume {disk.id} was created for a single node")
             _, rest = split_parameters(request.parameters)
             self._backend.validate_parameters(rest)
             if request.mutable_parameters:
                 self._mutable(dict(request.mutable_parameters))
-        except (InvalidArgument, InvalidParameterError) as exc:
+        except InvalidParameterError as exc:
             return csi_pb2.ValidateVolumeCapabilitiesResponse(message=str(exc))
         Confirmed = csi_pb2.ValidateVolumeCapabilitiesResponse.Confirmed
         return csi_pb2.ValidateVolumeCapabilitiesResponse(
@@ -239,7 +194,7 @@ class ControllerService(csi_pb2_grpc.ControllerServicer):
         """Paged with opaque tokens; a token this driver did not issue -> ABORTED."""
         self._caps.require_controller(CRPC.LIST_VOLUMES, "ListVolumes")
         if request.max_entries < 0:
-            raise InvalidArgument("max_entries must not be negative")
+            raise InvalidParameterError("max_entries must not be negative")
         page = self._backend.list_volumes(request.max_entries, request.starting_token)
         Entry, Status = csi_pb2.ListVolumesResponse.Entry, csi_pb2.ListVolumesResponse.VolumeStatus
         return csi_pb2.ListVolumesResponse(
@@ -293,12 +248,12 @@ class ControllerService(csi_pb2_grpc.ControllerServicer):
                 new_size = disk.size_bytes
             else:
                 if disk.attachments and not b.expand_online:
-                    raise FailedPrecondition(
+                    raise FailedPreconditionError(
                         f"volume {disk.id} is published; unpublish it to expand it offline"
                     )
                 new_size = self._backend.expand_volume(request.volume_id, size)
         if cr.limit_bytes and new_size > cr.limit_bytes:
-            raise OutOfRange(
+            raise OutOfRangeError(
                 f"volume {disk.id} is already {new_size} bytes, above limit_bytes {cr.limit_bytes}"
             )
         return csi_pb2.ControllerExpandVolumeResponse(
@@ -363,7 +318,7 @@ class ControllerService(csi_pb2_grpc.ControllerServicer):
         """Unknown snapshot id or source volume -> empty list; foreign token -> ABORTED."""
         self._caps.require_controller(CRPC.LIST_SNAPSHOTS, "ListSnapshots")
         if request.max_entries < 0:
-            raise InvalidArgument("max_entries must not be negative")
+            raise InvalidParameterError("max_entries must not be negative")
         page = self._backend.list_snapshots(
             snapshot_id=request.snapshot_id,
             source_volume_id=request.source_volume_id,

@@ -130,6 +130,7 @@ class Lifecycle:
 
     def __init__(self, demo: Demo, stubs: Stubs, kubelet: str, keep: bool) -> None:
         self.demo, self.stubs, self.kubelet, self.keep = demo, stubs, kubelet, keep
+        self.snapshots: list[str] = []
 
     def create(self, name: str, source: csi_pb2.VolumeContentSource | None = None) -> str:
         request = csi_pb2.CreateVolumeRequest(
@@ -157,6 +158,39 @@ class Lifecycle:
             f"detach {volume_id}", lambda: self.stubs.controller.ControllerUnpublishVolume(detach)
         )
         return context
+
+    def snapshot(self, volume_id: str, name: str) -> str:
+        snap = self.stubs.controller.CreateSnapshot(
+            csi_pb2.CreateSnapshotRequest(name=name, source_volume_id=volume_id), timeout=300
+        ).snapshot
+        if not self.keep:
+            delete = csi_pb2.DeleteSnapshotRequest(snapshot_id=snap.snapshot_id)
+            self.demo.on_cleanup(
+                f"delete {snap.snapshot_id}", lambda: self.stubs.controller.DeleteSnapshot(delete)
+            )
+        self.snapshots.append(str(snap.snapshot_id))
+        return str(snap.snapshot_id)
+
+    def expand(self, volume_id: str, target: str, size: int) -> None:
+        """Controller expansion, then the node grows the filesystem published at `target`."""
+        self.stubs.controller.ControllerExpandVolume(
+            csi_pb2.ControllerExpandVolumeRequest(
+                volume_id=volume_id,
+                capacity_range=csi_pb2.CapacityRange(required_bytes=size),
+                volume_capability=_cap(),
+            ),
+            timeout=120,
+        )
+        self.stubs.node.NodeExpandVolume(
+            csi_pb2.NodeExpandVolumeRequest(
+                volume_id=volume_id,
+                volume_path=target,
+                staging_target_path=self.staging(volume_id),
+                capacity_range=csi_pb2.CapacityRange(required_bytes=size),
+                volume_capability=_cap(),
+            ),
+            timeout=300,
+        )
 
     def staging(self, volume_id: str) -> str:
         return os.path.join(self.kubelet, "plugins", "kubernetes.io", "csi", volume_id, "globalmount")
@@ -239,10 +273,18 @@ def _path() -> str:
 
 
 def _run(demo: Demo, work: str, data_dir: str, keep: bool) -> None:
-    from csi.server import Driver
-
     kubelet = os.path.join(work, "kubelet")
     os.makedirs(kubelet, exist_ok=True)
+    co = Lifecycle(demo, _start(demo, work, data_dir, kubelet), kubelet, keep)
+    vol, target, at_snapshot = _write_and_snapshot(demo, co)
+    _restore_and_verify(demo, co, at_snapshot)
+    _expand(demo, co, vol, target)
+
+
+def _start(demo: Demo, work: str, data_dir: str, kubelet: str) -> Stubs:
+    """The driver in this process on a socket in `work`, and stubs on a channel to it."""
+    from csi.server import Driver
+
     socket = os.path.join(work, "csi.sock")
     argv = [
         "--endpoint", f"unix://{socket}",
@@ -259,10 +301,13 @@ def _run(demo: Demo, work: str, data_dir: str, keep: bool) -> None:
         channel = grpc.insecure_channel(f"unix://{socket}")
         grpc.channel_ready_future(channel).result(timeout=10)
         demo.on_cleanup("close the channel", channel.close)
-        stubs = Stubs(csi_pb2_grpc.ControllerStub(channel), csi_pb2_grpc.NodeStub(channel))
         notes.append(f"socket {socket}")
-    co = Lifecycle(demo, stubs, kubelet, keep)
+    return Stubs(csi_pb2_grpc.ControllerStub(channel), csi_pb2_grpc.NodeStub(channel))
 
+
+def _write_and_snapshot(demo: Demo, co: Lifecycle) -> tuple[str, str, str]:
+    """A volume published to a pod path, written, checksummed and snapshotted, then written again.
+    Returns (volume id, pod path, checksum at the snapshot)."""
     with demo.step("create volume (512 MiB)") as notes:
         vol = co.create("demo-data")
         notes.append(vol)
@@ -279,53 +324,37 @@ def _run(demo: Demo, work: str, data_dir: str, keep: bool) -> None:
         at_snapshot = _checksum(target)
         notes.append(f"sha256 {at_snapshot[:16]}...")
     with demo.step("snapshot the volume") as notes:
-        snap = stubs.controller.CreateSnapshot(
-            csi_pb2.CreateSnapshotRequest(name="demo-snap", source_volume_id=vol), timeout=300
-        ).snapshot
-        if not keep:
-            delete = csi_pb2.DeleteSnapshotRequest(snapshot_id=snap.snapshot_id)
-            demo.on_cleanup(f"delete {snap.snapshot_id}", lambda: stubs.controller.DeleteSnapshot(delete))
-        notes.append(snap.snapshot_id)
+        notes.append(co.snapshot(vol, "demo-snap"))
     with demo.step("write 8 MiB more") as notes:
         _write(target, "b.bin", 8 * MiB)
         notes.append(f"sha256 now {_checksum(target)[:16]}...")
+    return vol, target, at_snapshot
+
+
+def _restore_and_verify(demo: Demo, co: Lifecycle, at_snapshot: str) -> None:
     with demo.step("restore the snapshot into a new volume") as notes:
         source = csi_pb2.VolumeContentSource(
-            snapshot=csi_pb2.VolumeContentSource.SnapshotSource(snapshot_id=snap.snapshot_id)
+            snapshot=csi_pb2.VolumeContentSource.SnapshotSource(snapshot_id=co.snapshots[-1])
         )
         restored = co.create("demo-restored", source)
         notes.append(restored)
     with demo.step("controller publish, stage and publish it"):
-        pc2 = co.attach(restored)
-        co.stage(restored, pc2)
-        target2 = co.publish(restored, "pod-b", pc2)
+        pc = co.attach(restored)
+        co.stage(restored, pc)
+        target = co.publish(restored, "pod-b", pc)
     with demo.step("verify the checksum of the snapshot instant") as notes:
-        got = _checksum(target2)
+        got = _checksum(target)
         if got != at_snapshot:
             raise DemoError(f"restored data differs: sha256 {got} != {at_snapshot}")
-        if os.path.exists(os.path.join(target2, "b.bin")):
+        if os.path.exists(os.path.join(target, "b.bin")):
             raise DemoError("the restored volume holds data written after the snapshot")
         notes.append("match")
+
+
+def _expand(demo: Demo, co: Lifecycle, vol: str, target: str) -> None:
     with demo.step("expand the volume online to 1 GiB") as notes:
         before = _fs_bytes(target)
-        stubs.controller.ControllerExpandVolume(
-            csi_pb2.ControllerExpandVolumeRequest(
-                volume_id=vol,
-                capacity_range=csi_pb2.CapacityRange(required_bytes=EXPANDED),
-                volume_capability=_cap(),
-            ),
-            timeout=120,
-        )
-        stubs.node.NodeExpandVolume(
-            csi_pb2.NodeExpandVolumeRequest(
-                volume_id=vol,
-                volume_path=target,
-                staging_target_path=co.staging(vol),
-                capacity_range=csi_pb2.CapacityRange(required_bytes=EXPANDED),
-                volume_capability=_cap(),
-            ),
-            timeout=300,
-        )
+        co.expand(vol, target, EXPANDED)
         after = _fs_bytes(target)
         if after <= before:
             raise DemoError(f"the filesystem did not grow ({before} -> {after} bytes)")

@@ -1,8 +1,8 @@
 """The one place where failures become gRPC status codes.
 
-Handlers raise either a CsiError subclass (one per gRPC code) or a backend error; the ErrorInterceptor
-turns both into a status with an actionable message. Anything else is a bug: it is logged once with its
-stack and answered INTERNAL with a short message that carries no traceback text.
+Handlers, validation, the OS layer and backends raise the grpc-free errors of csi/failures.py; the
+ErrorInterceptor turns each into the code `CODES` names, with its message. Anything else is a bug: it is
+logged once with its stack and answered INTERNAL with a short message that carries no traceback text.
 """
 
 from __future__ import annotations
@@ -16,81 +16,34 @@ import grpc
 from google.protobuf.message import Message
 from google.protobuf.unknown_fields import UnknownFieldSet
 
-from csi.backends import base
+from csi import failures
 from csi.interceptors import Behavior, UnaryInterceptor
 
 log = logging.getLogger("ballast.errors")
 
-
-class CsiError(Exception):
-    """A failure with a definite gRPC code. The message is shown to the CO."""
-
-    code: grpc.StatusCode = grpc.StatusCode.UNKNOWN
-
-
-class InvalidArgument(CsiError):
-    code = grpc.StatusCode.INVALID_ARGUMENT
-
-
-class NotFound(CsiError):
-    code = grpc.StatusCode.NOT_FOUND
-
-
-class AlreadyExists(CsiError):
-    code = grpc.StatusCode.ALREADY_EXISTS
-
-
-class FailedPrecondition(CsiError):
-    code = grpc.StatusCode.FAILED_PRECONDITION
-
-
-class OutOfRange(CsiError):
-    code = grpc.StatusCode.OUT_OF_RANGE
-
-
-class ResourceExhausted(CsiError):
-    code = grpc.StatusCode.RESOURCE_EXHAUSTED
-
-
-class Aborted(CsiError):
-    code = grpc.StatusCode.ABORTED
-
-
-class Unavailable(CsiError):
-    code = grpc.StatusCode.UNAVAILABLE
-
-
-class Unimplemented(CsiError):
-    code = grpc.StatusCode.UNIMPLEMENTED
-
-
-class Internal(CsiError):
-    code = grpc.StatusCode.INTERNAL
-
-
-# Backend error class -> gRPC code. Looked up along the exception's MRO, most specific first.
-BACKEND_CODES: dict[type[base.BackendError], grpc.StatusCode] = {
-    base.NotFoundError: grpc.StatusCode.NOT_FOUND,
-    base.AlreadyExistsError: grpc.StatusCode.ALREADY_EXISTS,
-    base.InvalidParameterError: grpc.StatusCode.INVALID_ARGUMENT,
-    base.OutOfRangeError: grpc.StatusCode.OUT_OF_RANGE,
-    base.LimitExceededError: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    base.OutOfCapacityError: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    base.FailedPreconditionError: grpc.StatusCode.FAILED_PRECONDITION,
-    base.TransientError: grpc.StatusCode.UNAVAILABLE,
-    base.InvalidTokenError: grpc.StatusCode.ABORTED,
-    base.BackendError: grpc.StatusCode.INTERNAL,
+# Error class -> gRPC code. Looked up along the exception's MRO, most specific first.
+CODES: dict[type[failures.DriverError], grpc.StatusCode] = {
+    failures.NotFoundError: grpc.StatusCode.NOT_FOUND,
+    failures.AlreadyExistsError: grpc.StatusCode.ALREADY_EXISTS,
+    failures.InvalidParameterError: grpc.StatusCode.INVALID_ARGUMENT,
+    failures.OutOfRangeError: grpc.StatusCode.OUT_OF_RANGE,
+    failures.LimitExceededError: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    failures.OutOfCapacityError: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    failures.FailedPreconditionError: grpc.StatusCode.FAILED_PRECONDITION,
+    failures.TransientError: grpc.StatusCode.UNAVAILABLE,
+    failures.InvalidTokenError: grpc.StatusCode.ABORTED,
+    failures.BusyError: grpc.StatusCode.ABORTED,
+    failures.UnsupportedError: grpc.StatusCode.UNIMPLEMENTED,
+    failures.DriverError: grpc.StatusCode.INTERNAL,
 }
 
 
 def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     """The (code, message) a client sees for `exc`. Unexpected exceptions get a reference id, not details."""
-    if isinstance(exc, CsiError):
-        return exc.code, str(exc) or exc.code.name.lower()
-    if isinstance(exc, base.BackendError):
+    if isinstance(exc, failures.DriverError):
         for klass in type(exc).__mro__:
-            if klass in BACKEND_CODES:
-                return BACKEND_CODES[klass], str(exc) or klass.__name__
+            if klass in CODES:
+                return CODES[klass], str(exc) or klass.__name__
     if isinstance(exc, NotImplementedError):
         # generated servicer base methods raise this for RPCs a service does not implement
         return grpc.StatusCode.UNIMPLEMENTED, "this RPC is not implemented by ballast"
@@ -129,14 +82,14 @@ def _wrap(method: str, behavior: Callable[[Any, grpc.ServicerContext], Any]) -> 
     def handler(request: Any, context: grpc.ServicerContext) -> Any:
         try:
             if _undecodable(request):
-                raise InvalidArgument(
+                raise failures.InvalidParameterError(
                     "the request could not be decoded: malformed protobuf, or a string field that is "
                     "not valid UTF-8"
                 )
             return behavior(request, context)
         except Exception as exc:  # the single boundary where every failure becomes a status
             code, message = status_for(exc)
-            if not isinstance(exc, CsiError | base.BackendError | NotImplementedError):
+            if not isinstance(exc, failures.DriverError | NotImplementedError):
                 log.error("%s failed unexpectedly: %s", method, message, exc_info=exc)
             context.abort(code, message)
 

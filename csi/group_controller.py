@@ -11,35 +11,23 @@ from collections.abc import Sequence
 import grpc
 
 from csi._proto import csi_pb2, csi_pb2_grpc
-from csi.backends.base import Backend, GroupSnapshot, NotFoundError
+from csi.backends.base import Backend, GroupSnapshot
 from csi.capabilities import Capabilities
-from csi.config import Config
-from csi.controller import snapshot_message
-from csi.errors import InvalidArgument
+from csi.failures import InvalidParameterError, NotFoundError
 from csi.inflight import InFlight
+from csi.replies import group_message
 from csi.validation import check_map, check_string, require, strip_k8s_keys
-
-
-def group_message(group: GroupSnapshot) -> csi_pb2.VolumeGroupSnapshot:
-    msg = csi_pb2.VolumeGroupSnapshot(
-        group_snapshot_id=group.id,
-        snapshots=[snapshot_message(s) for s in group.snapshots],
-        ready_to_use=group.ready and all(s.ready for s in group.snapshots),
-    )
-    msg.creation_time.FromNanoseconds(int(group.created_at * 1e9))
-    return msg
 
 
 def _check_members(group: GroupSnapshot, snapshot_ids: Sequence[str]) -> None:
     """Spec: snapshot_ids, when given, must be exactly the group's members."""
     if snapshot_ids and sorted(snapshot_ids) != sorted(s.id for s in group.snapshots):
-        raise InvalidArgument(f"snapshot_ids do not match the members of group snapshot {group.id}")
+        raise InvalidParameterError(f"snapshot_ids do not match the members of group snapshot {group.id}")
 
 
 class GroupControllerService(csi_pb2_grpc.GroupControllerServicer):
-    def __init__(self, backend: Backend, config: Config, caps: Capabilities, inflight: InFlight) -> None:
+    def __init__(self, backend: Backend, caps: Capabilities, inflight: InFlight) -> None:
         self._backend = backend
-        self._config = config
         self._caps = caps
         self._inflight = inflight
 

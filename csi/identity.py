@@ -7,9 +7,9 @@ from collections.abc import Callable
 import grpc
 
 from csi._proto import csi_pb2, csi_pb2_grpc
-from csi.backends.base import Backend, BackendError
+from csi.backends.base import Backend
 from csi.capabilities import Capabilities
-from csi.errors import FailedPrecondition
+from csi.failures import DriverError, FailedPreconditionError
 
 
 class IdentityService(csi_pb2_grpc.IdentityServicer):
@@ -35,8 +35,8 @@ class IdentityService(csi_pb2_grpc.IdentityServicer):
         """Ready -> ready=true; still starting -> ready=false; broken -> FAILED_PRECONDITION (spec: Probe)."""
         try:
             ready = self._backend.probe()
-        except BackendError as exc:
-            raise FailedPrecondition(f"backend not healthy: {exc}") from exc
+        except DriverError as exc:
+            raise FailedPreconditionError(f"backend not healthy: {exc}") from exc
         resp = csi_pb2.ProbeResponse()
         resp.ready.value = ready
         return resp

@@ -10,7 +10,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from csi.errors import Aborted
+from csi.failures import BusyError
 
 
 class InFlight:
@@ -20,11 +20,13 @@ class InFlight:
 
     @contextmanager
     def hold(self, *keys: str) -> Iterator[None]:
-        """Hold all `keys` for the duration of the block. Any already held -> Aborted (the CO retries)."""
+        """Hold all `keys` for the duration of the block. Any already held -> BusyError (the CO retries)."""
         with self._lock:
             busy = next((k for k in keys if k in self._keys), None)
             if busy is not None:
-                raise Aborted(f"an operation on {busy.split(':', 1)[-1]} is already in progress; retry later")
+                raise BusyError(
+                    f"an operation on {busy.split(':', 1)[-1]} is already in progress; retry later"
+                )
             self._keys.update(keys)
         try:
             yield

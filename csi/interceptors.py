@@ -7,16 +7,21 @@ deserializer; the wrapped handler is built once per method and reused for every 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
 Behavior = Callable[[Any, grpc.ServicerContext], Any]
+if TYPE_CHECKING:  # generic in grpc-stubs only; the runtime classes take no type arguments
+    Handler = grpc.RpcMethodHandler[Any, Any]
+    _Interceptor = grpc.ServerInterceptor[Any, Any]
+else:
+    _Interceptor = grpc.ServerInterceptor
 
 
-class UnaryInterceptor(grpc.ServerInterceptor):
+class UnaryInterceptor(_Interceptor):
     def __init__(self) -> None:
-        self._handlers: dict[str, grpc.RpcMethodHandler] = {}
+        self._handlers: dict[str, Handler] = {}
 
     def wrap(self, method: str, behavior: Behavior) -> Behavior:
         """The new behaviour for `method` (the full "/package.Service/Method" name)."""
@@ -27,9 +32,9 @@ class UnaryInterceptor(grpc.ServerInterceptor):
 
     def intercept_service(
         self,
-        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
+        continuation: Callable[[grpc.HandlerCallDetails], Handler | None],
         handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler | None:
+    ) -> Handler | None:
         method = handler_call_details.method
         cached = self._handlers.get(method)
         if cached is not None:

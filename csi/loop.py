@@ -5,7 +5,8 @@ Contracts:
   one (LOOP_CTL_GET_FREE + LOOP_CONFIGURE; autoclear off, direct I/O off, partition scan on). Idempotent.
 - `detach_file(file)` unbinds every loop device backed by `file`. Idempotent: none -> no-op. A device
   still open elsewhere (mounted) is unbound by the kernel when its last user closes it.
-- `backing_file(dev)` / `device_size(dev)` / `refresh_capacity(dev)` inspect or resize one device.
+- `backing_file(dev)` / `device_size(dev)` / `refresh_capacity(dev)` inspect or resize one device
+  (`device_size` is csi.devices', offered here so the local backend needs this one module).
 
 No free loop device -> TransientError with what to do. When the ioctls are unavailable (ENOTTY/EINVAL,
 e.g. an old kernel without LOOP_CONFIGURE) `losetup` from util-linux is the documented fallback.
@@ -23,7 +24,8 @@ import subprocess
 import threading
 import time
 
-from csi.backends.base import InvalidParameterError, NotFoundError, TransientError
+from csi.devices import device_size
+from csi.failures import InvalidParameterError, NotFoundError, TransientError
 
 # <linux/loop.h>
 LOOP_SET_FD = 0x4C00
@@ -43,6 +45,8 @@ LOOP_CONTROL = "/dev/loop-control"
 SYS_BLOCK = "/sys/block"
 _LOOP_NAME = re.compile(r"^loop\d+$")
 _CONFIGURE_RETRIES = 16
+
+__all__ = ["attach", "backing_file", "detach_file", "device_size", "refresh_capacity"]
 
 # Serialises attach/detach inside this process so two callers never bind one file twice.
 _lock = threading.Lock()
@@ -286,16 +290,6 @@ def backing_file(device: str) -> str | None:
     return value or None
 
 
-def is_backed_by(device: str, backing_file_path: str) -> bool:
-    """True when `device` is bound to exactly this file (same st_dev/st_ino)."""
-    try:
-        st = os.stat(backing_file_path)
-    except FileNotFoundError:
-        return False
-    info = _status(device)
-    return info is not None and info.lo_inode == st.st_ino and info.lo_device == st.st_dev
-
-
 def refresh_capacity(device: str) -> None:
     """Make `device` pick up its backing file's current size (LOOP_SET_CAPACITY)."""
     fd = os.open(device, os.O_RDONLY | os.O_CLOEXEC)
@@ -306,14 +300,5 @@ def refresh_capacity(device: str) -> None:
             _losetup("-c", device, doing=f"refresh the capacity of {device}")
             return
         raise TransientError(f"could not refresh the capacity of {device}: {exc.strerror}") from exc
-    finally:
-        os.close(fd)
-
-
-def device_size(device: str) -> int:
-    """Size of a block device (or file) in bytes."""
-    fd = os.open(device, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        return os.lseek(fd, 0, os.SEEK_END)
     finally:
         os.close(fd)

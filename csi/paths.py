@@ -2,7 +2,7 @@
 
 A path is accepted only when it is absolute, already normalised (no `.`/`..` components, no repeated or
 trailing slashes), free of NUL and control characters, and strictly inside one of the allowed roots.
-Violations raise InvalidArgument. Pure string checks: symlinks are not resolved here (the mount layer
+Violations raise InvalidParameterError. Pure string checks: symlinks are not resolved here (the mount layer
 refuses to follow a symlinked target separately).
 """
 
@@ -11,28 +11,30 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-from csi.errors import InvalidArgument
+from csi.failures import InvalidParameterError
 
 MAX_PATH_BYTES = 4096
 
 
 def check_path(path: str, field: str, allowed_roots: Sequence[str]) -> str:
-    """Return `path` unchanged when it is safe to use, else raise InvalidArgument naming `field`."""
+    """Return `path` unchanged when it is safe to use, else raise InvalidParameterError naming `field`."""
     if not path:
-        raise InvalidArgument(f"{field} is required")
+        raise InvalidParameterError(f"{field} is required")
     if len(path.encode("utf-8", "surrogatepass")) > MAX_PATH_BYTES:
-        raise InvalidArgument(f"{field} is longer than {MAX_PATH_BYTES} bytes")
+        raise InvalidParameterError(f"{field} is longer than {MAX_PATH_BYTES} bytes")
     if any(ord(c) < 0x20 or ord(c) == 0x7F for c in path):
-        raise InvalidArgument(f"{field} contains control characters")
+        raise InvalidParameterError(f"{field} contains control characters")
     if not path.startswith("/"):
-        raise InvalidArgument(f"{field} must be an absolute path, got {path!r}")
+        raise InvalidParameterError(f"{field} must be an absolute path, got {path!r}")
     if ".." in path.split("/"):
-        raise InvalidArgument(f"{field} must not contain '..', got {path!r}")
+        raise InvalidParameterError(f"{field} must not contain '..', got {path!r}")
     if os.path.normpath(path) != path:
-        raise InvalidArgument(f"{field} must be normalised (no '.', '//' or trailing '/'), got {path!r}")
+        raise InvalidParameterError(
+            f"{field} must be normalised (no '.', '//' or trailing '/'), got {path!r}"
+        )
     if not under_roots(path, allowed_roots):
         roots = ", ".join(allowed_roots) or "(none configured)"
-        raise InvalidArgument(
+        raise InvalidParameterError(
             f"{field} {path!r} is outside the allowed directories ({roots}); "
             "add one with --allowed-path-prefix"
         )

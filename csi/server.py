@@ -1,7 +1,7 @@
 """Composition root: configuration -> backend -> services -> gRPC server on a unix socket.
 
-`main()` is the `ballast-csi` entry point. SIGTERM/SIGINT stop accepting calls, let in-flight calls
-finish (up to the grace period), remove the socket and exit 0.
+`run(config)` serves until SIGTERM/SIGINT, which stop accepting calls, let in-flight calls finish (up to the
+grace period), remove the socket and return 0. The command line is csi/cli.py's.
 """
 
 from __future__ import annotations
@@ -13,20 +13,18 @@ import os
 import signal
 import socket
 import stat
-import sys
 import threading
-from collections.abc import Sequence
 from concurrent import futures
 from types import FrameType
 
 import grpc
 
+from csi import backend_registry as registry
 from csi import logs
 from csi._proto import csi_pb2_grpc
-from csi.backends import build_backend
 from csi.backends.base import Backend
 from csi.capabilities import Capabilities
-from csi.config import Config, parse_args, version
+from csi.config import Config, version
 from csi.errors import ErrorInterceptor
 from csi.identity import IdentityService
 from csi.inflight import InFlight
@@ -73,6 +71,17 @@ def _accepting(path: str) -> bool:
         return True
 
 
+def build_backend(config: Config) -> Backend:
+    """The configured backend, built by its `from_config`; a name that registers something other than
+    a Backend subclass -> UnknownBackend."""
+    found = registry.load(config.backend.name)
+    if not (isinstance(found, type) and issubclass(found, Backend)):
+        raise registry.UnknownBackend(
+            f"backend {config.backend.name!r} names {found!r}, which is not a csi.backends.base.Backend"
+        )
+    return found.from_config(config)
+
+
 class Driver:
     """One driver process: owns the backend, the services and the gRPC server."""
 
@@ -112,10 +121,10 @@ class Driver:
             from csi.group_controller import GroupControllerService
 
             csi_pb2_grpc.add_ControllerServicer_to_server(
-                ControllerService(backend, cfg, caps, self.inflight), self.server
+                ControllerService(backend, caps, self.inflight), self.server
             )
             csi_pb2_grpc.add_GroupControllerServicer_to_server(
-                GroupControllerService(backend, cfg, caps, self.inflight), self.server
+                GroupControllerService(backend, caps, self.inflight), self.server
             )
         if cfg.runs_node:
             from csi.node import NodeService
@@ -194,30 +203,3 @@ def run(config: Config) -> int:
     driver.stop()
     log.info("stopped")
     return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    config, ns = parse_args(argv)
-    logs.setup(config.server.log_format, config.server.log_level)
-    if ns.command is not None:
-        gc.enable()  # only the server's start-up is worth holding collection off for
-    if ns.command == "demo":
-        from csi.demo import run_demo
-
-        return run_demo(ns)
-    if ns.command == "recover-state":
-        from csi.recovery import run_recover
-
-        return run_recover(ns.recover_data_dir or config.backend.data_dir)
-    try:
-        return run(config)
-    except SystemExit:
-        raise
-    except Exception as exc:
-        log.error("start-up failed: %s", exc, exc_info=config.server.log_level == "debug")
-        print(f"ballast-csi: {exc}", file=sys.stderr)
-        return 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Callable
 from enum import Enum
 from typing import Any
 
@@ -44,13 +45,16 @@ def _clients() -> tuple[Any, Any] | None:
     except ImportError:
         log.warning("startup taint not removed: the kubernetes client is not installed")
         return None
+    # kubernetes.config is untyped: name the two loaders with their types.
+    in_cluster: Callable[[], None] = kubernetes.config.load_incluster_config
+    from_file: Callable[[], None] = kubernetes.config.load_kube_config
     try:
-        kubernetes.config.load_incluster_config()
+        in_cluster()
     except kubernetes.config.ConfigException:
         if not os.environ.get("KUBECONFIG"):
             log.info("startup taint not handled: no in-cluster config and no KUBECONFIG")
             return None
-        kubernetes.config.load_kube_config()
+        from_file()
     return kubernetes.client.CoreV1Api(), kubernetes.client.StorageV1Api()
 
 

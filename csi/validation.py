@@ -1,13 +1,16 @@
-"""Pure request checks shared by the services. Each raises csi.errors.InvalidArgument (or the code the
-CSI spec names) with a message saying what to fix; none touches the filesystem or the backend."""
+"""Pure request checks shared by the services. Each raises csi.failures.InvalidParameterError (or the
+error of the code the CSI spec names) with a message saying what to fix; none touches the filesystem or
+the backend."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+import re
+from collections.abc import Iterable, Mapping
 
-from csi import keys
+from csi import keys, values
 from csi._proto import csi_pb2
-from csi.errors import InvalidArgument, OutOfRange
+from csi.failures import InvalidParameterError, OutOfRangeError
+from csi.filesystems import parse_fs_type
 
 AccessMode = csi_pb2.VolumeCapability.AccessMode
 
@@ -16,14 +19,6 @@ MAX_STRING_BYTES = 128
 MAX_MAP_BYTES = 4096
 INT64_MAX = 2**63 - 1
 
-SINGLE_NODE_MODES = frozenset(
-    {
-        AccessMode.SINGLE_NODE_WRITER,
-        AccessMode.SINGLE_NODE_READER_ONLY,
-        AccessMode.SINGLE_NODE_SINGLE_WRITER,
-        AccessMode.SINGLE_NODE_MULTI_WRITER,
-    }
-)
 READ_ONLY_MODES = frozenset({AccessMode.SINGLE_NODE_READER_ONLY, AccessMode.MULTI_NODE_READER_ONLY})
 MULTI_NODE_MODES = frozenset(
     {
@@ -38,15 +33,15 @@ MULTI_NODE_WRITER_MODES = frozenset({AccessMode.MULTI_NODE_SINGLE_WRITER, Access
 def require(value: object, field: str) -> None:
     """Spec: a missing REQUIRED field is INVALID_ARGUMENT."""
     if not value:
-        raise InvalidArgument(f"{field} is required")
+        raise InvalidParameterError(f"{field} is required")
 
 
 def check_string(value: str, field: str) -> None:
     """Within the spec's 128-byte limit and free of control characters the spec bans (U+0000-U+001F...)."""
     if len(value.encode("utf-8", "surrogatepass")) > MAX_STRING_BYTES:
-        raise InvalidArgument(f"{field} is longer than {MAX_STRING_BYTES} bytes")
+        raise InvalidParameterError(f"{field} is longer than {MAX_STRING_BYTES} bytes")
     if any((ord(c) < 0x20 and c not in "\t\n\r") or 0x7F <= ord(c) <= 0x9F for c in value):
-        raise InvalidArgument(f"{field} contains control characters")
+        raise InvalidParameterError(f"{field} contains control characters")
 
 
 def check_map(values: Mapping[str, str], field: str) -> None:
@@ -56,11 +51,12 @@ def check_map(values: Mapping[str, str], field: str) -> None:
         for k, v in values.items()
     )
     if size > MAX_MAP_BYTES:
-        raise InvalidArgument(f"{field} is larger than {MAX_MAP_BYTES} bytes")
+        raise InvalidParameterError(f"{field} is larger than {MAX_MAP_BYTES} bytes")
 
 
 def is_block(cap: csi_pb2.VolumeCapability) -> bool:
-    return cap.WhichOneof("access_type") == "block"
+    kind: str | None = cap.WhichOneof("access_type")
+    return kind == "block"
 
 
 def check_capability(cap: csi_pb2.VolumeCapability, field: str = "volume_capability") -> None:
@@ -68,14 +64,14 @@ def check_capability(cap: csi_pb2.VolumeCapability, field: str = "volume_capabil
     (a filesystem mounted read-write on two hosts at once is corrupted)."""
     kind = cap.WhichOneof("access_type")
     if kind is None:
-        raise InvalidArgument(f"{field}: access_type (block or mount) is required")
+        raise InvalidParameterError(f"{field}: access_type (block or mount) is required")
     mode = cap.access_mode.mode
     if mode == AccessMode.UNKNOWN:
-        raise InvalidArgument(f"{field}: access_mode is required")
+        raise InvalidParameterError(f"{field}: access_mode is required")
     if mode not in AccessMode.Mode.values():
-        raise InvalidArgument(f"{field}: unknown access mode {mode}")
+        raise InvalidParameterError(f"{field}: unknown access mode {mode}")
     if kind == "mount" and mode in MULTI_NODE_WRITER_MODES:
-        raise InvalidArgument(
+        raise InvalidParameterError(
             f"{field}: {AccessMode.Mode.Name(mode)} is only supported with block access; "
             "a filesystem cannot be written from several nodes"
         )
@@ -93,23 +89,23 @@ def capacity_bytes(cr: csi_pb2.CapacityRange, *, default: int, granularity: int,
     never above limit_bytes. Neither set -> `default`. Spec: unsatisfiable -> OUT_OF_RANGE."""
     required, limit = cr.required_bytes, cr.limit_bytes
     if required < 0 or limit < 0:
-        raise OutOfRange("capacity_range values must not be negative")
+        raise OutOfRangeError("capacity_range values must not be negative")
     if limit and required > limit:
-        raise OutOfRange(f"required_bytes {required} is larger than limit_bytes {limit}")
+        raise OutOfRangeError(f"required_bytes {required} is larger than limit_bytes {limit}")
     want = required or (min(default, limit) if limit else default)
     want = max(want, minimum)
     size = -(-want // granularity) * granularity
     if size > INT64_MAX:  # rounding up can pass the largest size a CSI message can carry
-        raise OutOfRange(f"{want} bytes rounded up to {granularity}-byte units does not fit in 64 bits")
+        raise OutOfRangeError(f"{want} bytes rounded up to {granularity}-byte units does not fit in 64 bits")
     if limit and size > limit:
         if required:
-            raise OutOfRange(
+            raise OutOfRangeError(
                 f"the smallest size this backend allocates at or above {required} bytes is {size} bytes, "
                 f"which exceeds limit_bytes {limit}"
             )
         size = (limit // granularity) * granularity
         if size < max(minimum, 1):
-            raise OutOfRange(
+            raise OutOfRangeError(
                 f"limit_bytes {limit} is below the minimum volume size {max(minimum, granularity)}"
             )
     return size
@@ -117,56 +113,21 @@ def capacity_bytes(cr: csi_pb2.CapacityRange, *, default: int, granularity: int,
 
 # ---- StorageClass parameters common to every backend
 
-FS_TYPES = ("ext4", "ext3", "xfs")
 EXT_ONLY_KEYS = frozenset(
     {keys.BYTES_PER_INODE, keys.NUMBER_OF_INODES, keys.EXT4_BIGALLOC, keys.EXT4_CLUSTER_SIZE}
 )
 EXT4_ONLY_KEYS = frozenset({keys.EXT4_BIGALLOC, keys.EXT4_CLUSTER_SIZE})
-
-
-def parse_fs_type(value: str) -> str:
-    """A filesystem the node can create: ext4, ext3 or xfs (case-insensitive)."""
-    fs = value.strip().lower()
-    if fs not in FS_TYPES:
-        raise ValueError(f"one of {', '.join(FS_TYPES)}")
-    return fs
-
-
-def _power_of_two(low: int, high: int) -> Callable[[str], str]:
-    def parse(value: str) -> str:
-        n = int(value) if value.isdigit() else 0
-        if not low <= n <= high or n & (n - 1):
-            raise ValueError(f"a power of two from {low} to {high}")
-        return str(n)
-
-    return parse
-
-
-def _whole(low: int, high: int) -> Callable[[str], str]:
-    def parse(value: str) -> str:
-        n = int(value) if value.isdigit() else -1
-        if not low <= n <= high:
-            raise ValueError(f"a whole number from {low} to {high}")
-        return str(n)
-
-    return parse
-
-
-def _boolean(value: str) -> str:
-    if value.lower() not in ("true", "false"):
-        raise ValueError("true or false")
-    return value.lower()
-
+MAX_PARTITION = 128
 
 # mkfs-related StorageClass parameter -> parser returning the normalised value (ValueError: "expected ...").
 # Validated at CreateVolume and carried in volume_context under the same key.
-PARAMETER_PARSERS: dict[str, Callable[[str], str]] = {
-    keys.BLOCK_SIZE: _power_of_two(512, 65536),
-    keys.INODE_SIZE: _power_of_two(128, 4096),
-    keys.BYTES_PER_INODE: _whole(1024, 64 * 1024 * 1024),
-    keys.NUMBER_OF_INODES: _whole(1, 2**32 - 1),
-    keys.EXT4_BIGALLOC: _boolean,
-    keys.EXT4_CLUSTER_SIZE: _power_of_two(1024, 64 * 1024 * 1024),
+PARAMETER_PARSERS: dict[str, values.Parser] = {
+    keys.BLOCK_SIZE: values.power_of_two(512, 65536),
+    keys.INODE_SIZE: values.power_of_two(128, 4096),
+    keys.BYTES_PER_INODE: values.whole(1024, 64 * 1024 * 1024),
+    keys.NUMBER_OF_INODES: values.whole(1, 2**32 - 1),
+    keys.EXT4_BIGALLOC: values.boolean,
+    keys.EXT4_CLUSTER_SIZE: values.power_of_two(1024, 64 * 1024 * 1024),
 }
 
 
@@ -180,26 +141,33 @@ def split_parameters(parameters: Mapping[str, str]) -> tuple[dict[str, str], dic
     context: dict[str, str] = {}
     rest: dict[str, str] = {}
     for key, value in parameters.items():
-        try:
-            if key in (keys.FS_TYPE, keys.FS_TYPE_LEGACY):
-                if value:
-                    context[keys.VC_FS_TYPE] = parse_fs_type(value)
-            elif key.startswith(keys.PREFIX_K8S):
-                continue
-            elif key in PARAMETER_PARSERS:
-                context[key] = PARAMETER_PARSERS[key](value)
-            else:
-                rest[key] = value
-        except ValueError as exc:
-            raise InvalidArgument(f"parameter {key}={value!r}: expected {exc}") from exc
+        if key in (keys.FS_TYPE, keys.FS_TYPE_LEGACY):
+            if value:
+                context[keys.VC_FS_TYPE] = values.checked(parse_fs_type, key, value)
+        elif key in PARAMETER_PARSERS:
+            context[key] = values.checked(PARAMETER_PARSERS[key], key, value)
+        elif not key.startswith(keys.PREFIX_K8S):
+            rest[key] = value
     fs = context.get(keys.VC_FS_TYPE, "")
     if fs and fs != "ext4" and (bad := sorted(EXT4_ONLY_KEYS & context.keys())):
-        raise InvalidArgument(f"parameter {bad[0]} applies to ext4 only, not {fs}")
+        raise InvalidParameterError(f"parameter {bad[0]} applies to ext4 only, not {fs}")
     if fs == "xfs" and (bad := sorted(EXT_ONLY_KEYS & context.keys())):
-        raise InvalidArgument(f"parameter {bad[0]} applies to ext3/ext4 only, not xfs")
+        raise InvalidParameterError(f"parameter {bad[0]} applies to ext3/ext4 only, not xfs")
     return context, rest
 
 
 def strip_k8s_keys(parameters: Mapping[str, str]) -> dict[str, str]:
     """Parameters without the `csi.storage.k8s.io/` keys the Kubernetes sidecars add."""
     return {k: v for k, v in parameters.items() if not k.startswith(keys.PREFIX_K8S)}
+
+
+def parse_partition(volume_context: Mapping[str, str]) -> int:
+    """The `partition` volume attribute: absent/"0" -> 0 (whole device), else 1..128."""
+    value = volume_context.get(keys.VC_PARTITION, "")
+    if value in ("", "0"):
+        return 0
+    if not re.fullmatch(r"[1-9][0-9]{0,2}", value) or int(value) > MAX_PARTITION:
+        raise InvalidParameterError(
+            f"volume attribute {keys.VC_PARTITION}={value!r} must be a partition number 0..{MAX_PARTITION}"
+        )
+    return int(value)

@@ -12,9 +12,11 @@ Contract:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from types import MappingProxyType
 from typing import Literal, NamedTuple
+
+from shim.plugins.registry import PLUGINS
 
 UMBRELLA_GATE = "CSIMigration"
 
@@ -45,65 +47,29 @@ class PluginGates(NamedTuple):
     unregister: str
 
 
-def _plugin(plugin: str, suffix: str) -> PluginGates:
-    return PluginGates(plugin, f"CSIMigration{suffix}", f"InTreePlugin{suffix}Unregister")
-
-
-# In-tree plugin name -> its gates. Suffixes are Kubernetes' exact spellings (note "vSphere").
+# In-tree plugin name -> its gates, from the plugin registry (suffixes are Kubernetes' exact spellings).
 PLUGIN_GATES: Mapping[str, PluginGates] = MappingProxyType(
     {
-        p.plugin: p
-        for p in (
-            _plugin("kubernetes.io/aws-ebs", "AWS"),
-            _plugin("kubernetes.io/gce-pd", "GCE"),
-            _plugin("kubernetes.io/azure-disk", "AzureDisk"),
-            _plugin("kubernetes.io/azure-file", "AzureFile"),
-            _plugin("kubernetes.io/cinder", "OpenStack"),
-            _plugin("kubernetes.io/vsphere-volume", "vSphere"),
-            _plugin("kubernetes.io/portworx-volume", "Portworx"),
+        p.in_tree_name: PluginGates(
+            p.in_tree_name, f"CSIMigration{p.gate_suffix}", f"InTreePlugin{p.gate_suffix}Unregister"
         )
+        for p in PLUGINS
     }
 )
-
-# How each migration gate ended in Kubernetes: (locked to true at GA, history).
-_MIGRATION_HISTORY: Mapping[str, tuple[bool, str]] = {
-    "CSIMigration": (True, "alpha 1.14, beta (on) 1.17, GA 1.25 locked to true; removed after 1.26"),
-    "CSIMigrationAWS": (True, "beta (on) 1.23, GA 1.25 locked to true; removed after 1.26"),
-    "CSIMigrationGCE": (True, "beta (on) 1.23, GA 1.25 locked to true; removed after 1.27"),
-    "CSIMigrationAzureDisk": (True, "beta (on) 1.23, GA 1.24 locked to true; removed after 1.26"),
-    "CSIMigrationAzureFile": (True, "beta (on) 1.24, GA 1.26 locked to true; removed after 1.29"),
-    "CSIMigrationOpenStack": (True, "beta (on) 1.18, GA 1.24 locked to true; removed after 1.25"),
-    "CSIMigrationvSphere": (
-        True,
-        "beta (on) 1.25, GA 1.26; unlocked during 1.27 until the vSphere driver caught up, "
-        "then locked to true again; removed after 1.28",
-    ),
-    "CSIMigrationPortworx": (True, "beta (on) 1.31, GA 1.33 locked to true; slated for removal in 1.36"),
-}
+UMBRELLA_HISTORY = "alpha 1.14, beta (on) 1.17, GA 1.25 locked to true; removed after 1.26"
 
 
 def _build_specs() -> tuple[GateSpec, ...]:
-    specs = [
-        GateSpec(
-            UMBRELLA_GATE,
-            "umbrella",
-            None,
-            False,
-            "GA",
-            _MIGRATION_HISTORY[UMBRELLA_GATE][0],
-            _MIGRATION_HISTORY[UMBRELLA_GATE][1],
+    """The umbrella gate, then each plugin's migration gate, then each plugin's Unregister gate."""
+    specs = [GateSpec(UMBRELLA_GATE, "umbrella", None, False, "GA", True, UMBRELLA_HISTORY)]
+    for p in PLUGINS:
+        migration = PLUGIN_GATES[p.in_tree_name].migration
+        specs.append(GateSpec(migration, "migration", p.in_tree_name, False, "GA", True, p.migration_history))
+    for p in PLUGINS:
+        unregister = PLUGIN_GATES[p.in_tree_name].unregister
+        specs.append(
+            GateSpec(unregister, "unregister", p.in_tree_name, False, "alpha", False, p.unregister_history)
         )
-    ]
-    for gates in PLUGIN_GATES.values():
-        locked, history = _MIGRATION_HISTORY[gates.migration]
-        specs.append(GateSpec(gates.migration, "migration", gates.plugin, False, "GA", locked, history))
-    for gates in PLUGIN_GATES.values():
-        history = (
-            "alpha (off) since 1.23; slated for removal together with CSIMigrationPortworx"
-            if gates.plugin == "kubernetes.io/portworx-volume"
-            else "alpha (off) 1.21-1.30; removed in 1.31"
-        )
-        specs.append(GateSpec(gates.unregister, "unregister", gates.plugin, False, "alpha", False, history))
     return tuple(specs)
 
 
@@ -243,8 +209,3 @@ class FeatureGates(Mapping[str, bool]):
 
     def __hash__(self) -> int:
         return hash(tuple(self.items()))
-
-
-def known_plugins() -> Iterable[str]:
-    """The seven in-tree plugin names that have migration gates."""
-    return PLUGIN_GATES.keys()

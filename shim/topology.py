@@ -9,9 +9,9 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 
+from shim import fields
 from shim.errors import TranslationError
-from shim.plugins import fields
-from shim.plugins.fields import JSON
+from shim.fields import JSON
 
 GA_ZONE = "topology.kubernetes.io/zone"
 GA_REGION = "topology.kubernetes.io/region"

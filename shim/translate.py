@@ -1,7 +1,8 @@
 """Translator: the public facade over the seven in-tree plugin translators.
 
-Behaviour follows Kubernetes' csi-translation-lib (see /work/shared/reference/translation-spec.md), with
-these deliberate rules where Kubernetes crashes or is nondeterministic:
+Behaviour follows Kubernetes' csi-translation-lib (the reference vectors in
+tests/shim/testdata/translation-vectors.json and the differential test hold it to that), with these
+deliberate rules where Kubernetes crashes or is nondeterministic:
 - nil (None) PVs, volumes and StorageClasses raise TranslationError, except the Azure File
   StorageClass, where None is returned as Kubernetes does;
 - an object carrying two in-tree sources is ambiguous and raises (Kubernetes picks one at random);
@@ -19,32 +20,26 @@ A field of the wrong JSON type raises TranslationError, as Kubernetes' decoder w
 
 from __future__ import annotations
 
+import importlib
 from typing import Any, overload
 
+from shim import fields
 from shim.errors import TranslationError
-from shim.plugins import fields
-from shim.plugins.aws_ebs import AWSElasticBlockStore
-from shim.plugins.azure_disk import AzureDisk
-from shim.plugins.azure_file import AzureFile
+from shim.fields import JSON
+from shim.plugins import registry
 from shim.plugins.base import FILESYSTEM, InTreePlugin
-from shim.plugins.cinder import Cinder
-from shim.plugins.fields import JSON
-from shim.plugins.gce_pd import GCEPersistentDisk
-from shim.plugins.portworx import Portworx
-from shim.plugins.vsphere_volume import VSphereVolume
+
+
+def translator(info: registry.PluginInfo) -> InTreePlugin:
+    """A new translator of the plugin `info` describes (its module is imported on first use)."""
+    module, _, name = info.translator.partition(":")
+    cls: type[InTreePlugin] = getattr(importlib.import_module(module), name)
+    return cls()
 
 
 def default_plugins() -> tuple[InTreePlugin, ...]:
-    """One translator per migratable in-tree plugin."""
-    return (
-        GCEPersistentDisk(),
-        AWSElasticBlockStore(),
-        Cinder(),
-        AzureDisk(),
-        AzureFile(),
-        VSphereVolume(),
-        Portworx(),
-    )
+    """One translator per migratable in-tree plugin (registry.PLUGINS)."""
+    return tuple(translator(info) for info in registry.PLUGINS)
 
 
 def json_copy(value: Any) -> Any:

@@ -52,8 +52,8 @@ def assert_code(call: Callable[..., Any], request: Any, code: grpc.StatusCode, *
     try:
         call(request, timeout=60)
     except grpc.RpcError as err:
-        got = err.code()  # type: ignore[attr-defined]
-        message = err.details() or ""  # type: ignore[attr-defined]
+        got = err.code()
+        message = err.details() or ""
         assert got == code, f"expected {code.name}, got {got.name}: {message}"
         assert "Traceback" not in message, message
         assert contains.lower() in message.lower(), f"{contains!r} not in {message!r}"

@@ -19,28 +19,31 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from csi import keys
+from csi import failures, keys
 from csi.backends import base
 from csi.backends.base import (
-    AlreadyExistsError,
     Attachment,
     BackendCapabilities,
     Condition,
     ContentSource,
     Disk,
     DiskOptions,
-    FailedPreconditionError,
     GroupSnapshot,
-    InvalidParameterError,
-    InvalidTokenError,
-    LimitExceededError,
     NodeIdentity,
-    NotFoundError,
-    OutOfCapacityError,
-    OutOfRangeError,
     Page,
     Snapshot,
     SourceKind,
+)
+from csi.config import Config
+from csi.failures import (
+    AlreadyExistsError,
+    FailedPreconditionError,
+    InvalidParameterError,
+    InvalidTokenError,
+    LimitExceededError,
+    NotFoundError,
+    OutOfCapacityError,
+    OutOfRangeError,
 )
 
 FAKE_ZONE_KEY = "topology.fake.csi.ballast.dev/zone"
@@ -70,6 +73,8 @@ def all_capabilities(**overrides: Any) -> BackendCapabilities:
 
 
 class FakeBackend(base.Backend):
+    default_driver_name = "fake.csi.ballast.dev"
+
     def __init__(
         self,
         capabilities: BackendCapabilities | None = None,
@@ -85,7 +90,7 @@ class FakeBackend(base.Backend):
         self.nodes = {node_id}
         self.capacity = capacity
         self.backend_parameters = frozenset(backend_parameters)
-        self.fail: dict[str, base.BackendError] = {}
+        self.fail: dict[str, failures.DriverError] = {}
         self.calls: list[tuple[str, tuple[Any, ...]]] = []
         self.devices: dict[str, str] = {}
         self.released: list[str] = []
@@ -98,6 +103,11 @@ class FakeBackend(base.Backend):
         self.groups: dict[str, GroupSnapshot] = {}
         self._seq = itertools.count(1)
         self._lock = threading.RLock()
+
+    @classmethod
+    def from_config(cls, config: Config) -> FakeBackend:
+        """An empty fake serving the configured node."""
+        return cls(node_id=config.node.node_id or FAKE_NODE)
 
     # ---- helpers
 
@@ -233,8 +243,8 @@ class FakeBackend(base.Backend):
         self._enter("expand_volume", volume_id, size_bytes)
         with self._lock:
             disk = self._volume(volume_id)
-            if size_bytes < disk.size_bytes:
-                raise OutOfRangeError(f"cannot shrink {volume_id} from {disk.size_bytes} to {size_bytes}")
+            if size_bytes <= disk.size_bytes:  # already that big: volumes never shrink
+                return disk.size_bytes
             if disk.attachments and not self.capabilities.expand_online:
                 raise FailedPreconditionError(f"volume {volume_id} is published; expand it offline")
             self.volumes[volume_id] = disk._replace(size_bytes=size_bytes)

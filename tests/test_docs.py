@@ -19,7 +19,14 @@ from tests.conftest import REPO
 DOCS = REPO / "docs"
 CONFIGURATION = DOCS / "configuration.md"
 CHART = REPO / "charts" / "ballast-csi"
-GUIDES = ("README.md", "install.md", "configuration.md", "migration.md", "writing-a-backend.md")
+GUIDES = (
+    "README.md",
+    "install.md",
+    "configuration.md",
+    "migration.md",
+    "writing-a-backend.md",
+    "architecture.md",
+)
 
 
 def mentioned(text: str, token: str) -> bool:
@@ -138,3 +145,11 @@ def test_backend_guide_names_every_abstract_method() -> None:
 
     text = (DOCS / "writing-a-backend.md").read_text()
     assert [m for m in sorted(Backend.__abstractmethods__) if not mentioned(text, m)] == []
+
+
+def test_the_architecture_names_only_files_that_exist() -> None:
+    text = (DOCS / "architecture.md").read_text()
+    named = set(re.findall(r"(?<![\w/])((?:csi|shim|tests)/[\w/.<>-]*\w)", text))
+    assert {"csi/staging.py", "csi/errors.py", "shim/plugins/registry.py"} <= named
+    missing = [n for n in named if "<" not in n and not (REPO / n).exists()]
+    assert missing == []

@@ -1,7 +1,7 @@
 """The cloud-provider interface every backend implements, its capability flags, domain values and errors.
 
 Backends take and return plain values and the immutable records (NamedTuples) below; they never import
-grpc. Errors are raised as the BackendError subclasses here; csi/errors.py maps each class to one gRPC code.
+grpc. Failures are raised as the errors of csi/failures.py; csi/errors.py maps each class to one gRPC code.
 Every method documents its idempotency and not-found contract; implementations must honour both.
 """
 
@@ -11,7 +11,12 @@ import abc
 import enum
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
-from typing import Generic, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, ClassVar, Generic, NamedTuple, Self, TypeVar
+
+from csi.failures import InvalidParameterError, NotFoundError
+
+if TYPE_CHECKING:
+    from csi.config import Config
 
 T = TypeVar("T")
 
@@ -20,49 +25,6 @@ _EMPTY: Mapping[str, str] = MappingProxyType({})
 
 GiB = 1024**3
 MiB = 1024**2
-
-
-# --------------------------------------------------------------------------- errors
-
-
-class BackendError(Exception):
-    """Base of all backend failures. The message is shown to the CO: make it actionable, never secret."""
-
-
-class NotFoundError(BackendError):
-    """The volume, snapshot or node does not exist."""
-
-
-class AlreadyExistsError(BackendError):
-    """An object with this name exists but was created with incompatible arguments."""
-
-
-class InvalidParameterError(BackendError):
-    """A parameter, id or value is malformed or unsupported by this backend."""
-
-
-class OutOfRangeError(BackendError):
-    """A size is outside what the backend allows (too big, too small, shrinking)."""
-
-
-class LimitExceededError(BackendError):
-    """A quota or per-node limit would be exceeded (e.g. max volumes per node)."""
-
-
-class OutOfCapacityError(BackendError):
-    """Not enough space, or no placement satisfies the topology requirements."""
-
-
-class FailedPreconditionError(BackendError):
-    """The object is in a state that forbids the operation (published elsewhere, has dependents)."""
-
-
-class TransientError(BackendError):
-    """A temporary failure (throttling, timeout, backend unreachable): the caller should retry."""
-
-
-class InvalidTokenError(BackendError):
-    """A paging token was not issued by this backend or is no longer valid."""
 
 
 # --------------------------------------------------------------------------- values
@@ -202,11 +164,20 @@ class Backend(abc.ABC):
     """
 
     capabilities: BackendCapabilities
+    # The CSI driver name the backend registers under when --driver-name is not given.
+    default_driver_name: ClassVar[str]
 
     # ---- lifecycle
 
+    @classmethod
+    @abc.abstractmethod
+    def from_config(cls, config: Config) -> Self:
+        """Build the backend the driver's configuration describes (config.backend, config.node; a
+        process serving only the node has config.runs_controller False). Raise a csi.failures error
+        with an actionable message when the configuration cannot work."""
+
     def probe(self) -> bool:
-        """True when ready to serve, False while starting. Raises BackendError when broken."""
+        """True when ready to serve, False while starting. Raises a csi.failures error when broken."""
         return True
 
     def close(self) -> None:  # noqa: B027 - optional hook
@@ -253,8 +224,9 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def expand_volume(self, volume_id: str, size_bytes: int) -> int:
-        """Grow a disk to at least `size_bytes`; returns the new size. Already that big -> current size
-        (idempotent). Shrinking -> OutOfRangeError. Missing -> NotFoundError."""
+        """Grow a disk to at least `size_bytes`; returns the new size. Already that big (a smaller size
+        included: disks never shrink) -> the current size, nothing changes. A size past what the backend
+        allows -> OutOfRangeError. Missing -> NotFoundError."""
 
     def modify_volume(self, volume_id: str, mutable_parameters: Mapping[str, str]) -> Disk:
         """Apply validated mutable parameters all-or-nothing. Missing -> NotFoundError."""

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import re
 
-from shim import topology
+from shim import fields, topology
 from shim.errors import TranslationError
-from shim.plugins import base, fields, goneturl, storageclass
-from shim.plugins.fields import JSON
+from shim.fields import JSON
+from shim.plugins import base, goneturl, registry, storageclass
 
 TOPOLOGY_KEY = "topology.ebs.csi.aws.com/zone"
 IOPS_PER_GB_KEY = "iopspergb"
@@ -70,9 +70,7 @@ def _iops_parameter(key: str, value: str, params: dict[str, str]) -> bool:
 
 
 class AWSElasticBlockStore(base.InTreePlugin):
-    in_tree_name = "kubernetes.io/aws-ebs"
-    csi_name = "ebs.csi.aws.com"
-    source_key = "awsElasticBlockStore"
+    info = registry.BY_IN_TREE_NAME["kubernetes.io/aws-ebs"]
 
     def translate_pv_to_csi(self, pv: JSON) -> JSON:
         csi = _ebs_to_csi(self.csi_name, base.take_source(pv, self.source_key))

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import re
 
+from shim import fields
 from shim.errors import TranslationError
-from shim.plugins import base, fields, storageclass
-from shim.plugins.fields import JSON
+from shim.fields import JSON
+from shim.plugins import base, registry, storageclass
 
 TOPOLOGY_KEY = "topology.disk.csi.azure.com/zone"
 MANAGED = "Managed"
@@ -73,9 +74,7 @@ def _blank_numeric_zones(terms: list[JSON] | None) -> None:
 
 
 class AzureDisk(base.InTreePlugin):
-    in_tree_name = "kubernetes.io/azure-disk"
-    csi_name = "disk.csi.azure.com"
-    source_key = "azureDisk"
+    info = registry.BY_IN_TREE_NAME["kubernetes.io/azure-disk"]
 
     def translate_pv_to_csi(self, pv: JSON) -> JSON:
         spec = base.spec_of(pv)

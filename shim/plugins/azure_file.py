@@ -8,9 +8,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from shim import fields
 from shim.errors import TranslationError
-from shim.plugins import base, fields
-from shim.plugins.fields import JSON
+from shim.fields import JSON
+from shim.plugins import base, registry
 
 RESOURCE_GROUP_ANNOTATION = "kubernetes.io/azure-file-resource-group"
 DEFAULT_SECRET_NAMESPACE = "default"
@@ -63,9 +64,7 @@ def _csi(driver: str, handle: str, azure: JSON, namespace: str) -> JSON:
 
 
 class AzureFile(base.InTreePlugin):
-    in_tree_name = "kubernetes.io/azure-file"
-    csi_name = "file.csi.azure.com"
-    source_key = "azureFile"
+    info = registry.BY_IN_TREE_NAME["kubernetes.io/azure-file"]
 
     def translate_pv_to_csi(self, pv: JSON) -> JSON:
         spec = base.spec_of(pv)

@@ -9,8 +9,9 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import ClassVar
 
-from shim.plugins import fields
-from shim.plugins.fields import JSON
+from shim import fields
+from shim.fields import JSON
+from shim.plugins.registry import PluginInfo
 
 FILESYSTEM = "Filesystem"
 READ_WRITE_ONCE = "ReadWriteOnce"
@@ -19,11 +20,22 @@ READ_WRITE_MANY = "ReadWriteMany"
 
 
 class InTreePlugin(ABC):
-    """Translation logic of one in-tree plugin; `source_key` is its key in PV spec and in pod volumes."""
+    """Translation logic of one in-tree plugin, described by its row of registry.PLUGINS."""
 
-    in_tree_name: ClassVar[str]
-    csi_name: ClassVar[str]
-    source_key: ClassVar[str]
+    info: ClassVar[PluginInfo]
+
+    @property
+    def in_tree_name(self) -> str:
+        return self.info.in_tree_name
+
+    @property
+    def csi_name(self) -> str:
+        return self.info.csi_name
+
+    @property
+    def source_key(self) -> str:
+        """Its key in a PV spec and in a pod volume."""
+        return self.info.source_key
 
     def can_support(self, pv: JSON) -> bool:
         """Whether the PV carries this plugin's source (present and non-null; contents not validated)."""

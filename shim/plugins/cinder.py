@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from shim import topology
-from shim.plugins import base, fields, storageclass
-from shim.plugins.fields import JSON
+from shim import fields, topology
+from shim.fields import JSON
+from shim.plugins import base, registry, storageclass
 
 TOPOLOGY_KEY = "topology.cinder.csi.openstack.org/zone"
 
@@ -19,9 +19,7 @@ def _to_csi(driver: str, cinder: JSON) -> JSON:
 
 
 class Cinder(base.InTreePlugin):
-    in_tree_name = "kubernetes.io/cinder"
-    csi_name = "cinder.csi.openstack.org"
-    source_key = "cinder"
+    info = registry.BY_IN_TREE_NAME["kubernetes.io/cinder"]
 
     def translate_pv_to_csi(self, pv: JSON) -> JSON:
         csi = _to_csi(self.csi_name, base.take_source(pv, self.source_key))

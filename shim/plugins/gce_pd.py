@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from shim import topology
+from shim import fields, topology
 from shim.errors import TranslationError
-from shim.plugins import base, fields, storageclass
-from shim.plugins.fields import JSON
+from shim.fields import JSON
+from shim.plugins import base, registry, storageclass
 
 TOPOLOGY_KEY = "topology.gke.io/zone"
 UNSPECIFIED = "UNSPECIFIED"
@@ -62,9 +62,7 @@ def _partition_attribute(partition: int) -> str:
 
 
 class GCEPersistentDisk(base.InTreePlugin):
-    in_tree_name = "kubernetes.io/gce-pd"
-    csi_name = "pd.csi.storage.gke.io"
-    source_key = "gcePersistentDisk"
+    info = registry.BY_IN_TREE_NAME["kubernetes.io/gce-pd"]
 
     def translate_pv_to_csi(self, pv: JSON) -> JSON:
         gce = base.take_source(pv, self.source_key)

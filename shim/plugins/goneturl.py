@@ -10,7 +10,7 @@ from __future__ import annotations
 import ipaddress
 import string
 
-from shim.plugins.fields import go_string
+from shim.fields import go_string
 
 _HEX = set(string.hexdigits)
 _HOST_OK = set(string.ascii_letters + string.digits + "!$&'()*+,;=:[]<>\"-_.~")

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from shim import fields
 from shim.errors import TranslationError
-from shim.plugins import base, fields
-from shim.plugins.fields import JSON
+from shim.fields import JSON
+from shim.plugins import base, registry
 
 AUTH_SECRET_NAME = "openstorage.io/auth-secret-name"
 AUTH_SECRET_NAMESPACE = "openstorage.io/auth-secret-namespace"
@@ -26,9 +27,7 @@ _PV_SECRET_REFS = (
 
 
 class Portworx(base.InTreePlugin):
-    in_tree_name = "kubernetes.io/portworx-volume"
-    csi_name = "pxd.portworx.com"
-    source_key = "portworxVolume"
+    info = registry.BY_IN_TREE_NAME["kubernetes.io/portworx-volume"]
 
     def translate_pv_to_csi(self, pv: JSON) -> JSON:
         """readOnly is not carried over (as in Kubernetes); auth annotations become all five secret refs."""

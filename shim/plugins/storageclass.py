@@ -8,10 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from shim import topology
+from shim import fields, topology
 from shim.errors import TranslationError
-from shim.plugins import fields
-from shim.plugins.fields import JSON
+from shim.fields import JSON
 
 FS_TYPE_KEY = "fstype"
 CSI_FS_TYPE_KEY = "csi.storage.k8s.io/fstype"

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import contextlib
 
-from shim import topology
+from shim import fields, topology
 from shim.errors import TranslationError
-from shim.plugins import base, fields, storageclass
-from shim.plugins.fields import JSON
+from shim.fields import JSON
+from shim.plugins import base, registry, storageclass
 
 ZONE_KEY = "topology.csi.vmware.com/zone"
 REGION_KEY = "topology.csi.vmware.com/region"
@@ -59,9 +59,7 @@ def _topology_to_in_tree(pv: JSON) -> None:
 
 
 class VSphereVolume(base.InTreePlugin):
-    in_tree_name = "kubernetes.io/vsphere-volume"
-    csi_name = "csi.vsphere.vmware.com"
-    source_key = "vsphereVolume"
+    info = registry.BY_IN_TREE_NAME["kubernetes.io/vsphere-volume"]
 
     def translate_pv_to_csi(self, pv: JSON) -> JSON:
         vsphere = base.take_source(pv, self.source_key)

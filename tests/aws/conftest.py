@@ -3,38 +3,24 @@ clients pointed at it over real HTTP with dummy credentials."""
 
 from __future__ import annotations
 
-import os
 import random
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import boto3
 import pytest
-from botocore.config import Config as BotoConfig
 
 from csi.backends.aws import AwsBackend
-from csi.backends.aws_devices import DeviceFinder
-from csi.backends.aws_errors import Backoff
-from tests.motoserver import running_moto
+from csi.backends.aws.devices import DeviceFinder
+from csi.backends.aws.ec2 import Backoff
+from tests.motoserver import ZONE, make_client, moto_for_tests, run_instance
 
-REGION = "us-east-1"
-ZONE = "us-east-1a"
 OTHER_ZONE = "us-east-1b"
-AMI = "ami-03cf127a"  # moto does not check image ids
 
 
 @pytest.fixture(scope="session")
 def moto_endpoint() -> Iterator[str]:
-    saved = os.environ.get("MOTO_EC2_LOAD_DEFAULT_AMIS")
-    os.environ["MOTO_EC2_LOAD_DEFAULT_AMIS"] = "false"
-    try:
-        with running_moto() as endpoint:
-            yield endpoint
-    finally:
-        if saved is None:
-            os.environ.pop("MOTO_EC2_LOAD_DEFAULT_AMIS", None)
-        else:
-            os.environ["MOTO_EC2_LOAD_DEFAULT_AMIS"] = saved
+    with moto_for_tests() as endpoint:
+        yield endpoint
 
 
 @pytest.fixture
@@ -42,30 +28,6 @@ def account() -> str:
     """A fresh 12-digit account id: moto keeps separate state per account, so every test starts empty
     without resetting the shared server."""
     return f"{random.randrange(10**11, 10**12)}"
-
-
-_SESSION: list[Any] = []
-
-
-def make_client(endpoint: str, account: str) -> Any:
-    """A boto3 EC2 client for moto over HTTP, dummy credentials, requests tagged with `account`.
-    Clients share one boto3 session so the EC2 service model is loaded once."""
-    if not _SESSION:
-        _SESSION.append(boto3.session.Session())
-    client = _SESSION[0].client(
-        "ec2",
-        region_name=REGION,
-        endpoint_url=endpoint,
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-        config=BotoConfig(retries={"total_max_attempts": 1}),
-    )
-
-    def tag_account(request: Any, **kwargs: Any) -> None:
-        request.headers["x-moto-account-id"] = account
-
-    client.meta.events.register("before-sign.ec2", tag_account)
-    return client
 
 
 @pytest.fixture
@@ -103,17 +65,6 @@ def make_backend(moto_endpoint: str, account: str) -> Iterator[Callable[..., Aws
 @pytest.fixture
 def backend(make_backend: Callable[..., AwsBackend]) -> AwsBackend:
     return make_backend()
-
-
-def run_instance(ec2: Any, zone: str = ZONE, instance_type: str = "m5.large") -> str:
-    reservation = ec2.run_instances(
-        ImageId=AMI,
-        MinCount=1,
-        MaxCount=1,
-        InstanceType=instance_type,
-        Placement={"AvailabilityZone": zone},
-    )
-    return str(reservation["Instances"][0]["InstanceId"])
 
 
 @pytest.fixture

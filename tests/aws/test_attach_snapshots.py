@@ -8,18 +8,18 @@ from typing import Any
 import pytest
 
 from csi.backends.aws import AwsBackend
-from csi.backends.aws_metadata import SHARED_NITRO_LIMIT
-from csi.backends.base import (
+from csi.backends.aws.metadata import SHARED_NITRO_LIMIT
+from csi.backends.base import DiskOptions, GiB
+from csi.failures import (
     AlreadyExistsError,
-    DiskOptions,
     FailedPreconditionError,
-    GiB,
     InvalidParameterError,
     InvalidTokenError,
     LimitExceededError,
     NotFoundError,
 )
-from tests.aws.conftest import OTHER_ZONE, ZONE, inject_errors, run_instance
+from tests.aws.conftest import OTHER_ZONE, inject_errors
+from tests.motoserver import ZONE, run_instance
 
 EBS_ZONE = "topology.ebs.csi.aws.com/zone"
 

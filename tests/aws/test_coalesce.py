@@ -7,8 +7,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from csi.backends.aws_coalesce import Coalescer, Modification
-from csi.backends.base import InvalidParameterError, TransientError
+from csi.backends.aws.coalesce import Coalescer, Modification
+from csi.failures import InvalidParameterError, TransientError
 
 
 class Recorder:

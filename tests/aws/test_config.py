@@ -7,13 +7,14 @@ import sys
 
 import pytest
 
-from csi.backends import build_backend
 from csi.backends.aws import AwsBackend
-from csi.backends.aws_errors import Backoff, Ec2
-from csi.backends.base import DiskOptions, FailedPreconditionError, GiB, TransientError
+from csi.backends.aws.ec2 import Backoff, Ec2
+from csi.backends.base import DiskOptions, GiB
 from csi.config import parse_args
-from tests.aws.conftest import REGION, ZONE, make_client
+from csi.failures import FailedPreconditionError, TransientError
+from csi.server import build_backend
 from tests.conftest import REPO
+from tests.motoserver import REGION, ZONE, make_client
 
 
 @pytest.fixture

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from csi.backends.aws_devices import CANDIDATES, DeviceFinder, DeviceNames
-from csi.backends.base import FailedPreconditionError, LimitExceededError, NotFoundError
+from csi.backends.aws.devices import CANDIDATES, DeviceFinder, DeviceNames
+from csi.failures import FailedPreconditionError, LimitExceededError, NotFoundError
 
 VOL = "vol-0123456789abcdef0"
 OTHER = "vol-0fedcba9876543210"

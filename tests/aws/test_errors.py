@@ -10,9 +10,11 @@ import grpc
 import pytest
 from botocore.exceptions import ClientError
 
+from csi import failures
 from csi.backends import base
 from csi.backends.aws import AwsBackend
-from csi.backends.aws_errors import AWS_ERRORS, Backoff, Ec2, UnsupportedActionError, translate
+from csi.backends.aws.ec2 import Backoff, Ec2
+from csi.backends.aws.errors import AWS_ERRORS, UnsupportedActionError, translate
 from csi.errors import status_for
 from tests.aws.conftest import inject_errors
 
@@ -25,55 +27,55 @@ def client_error(code: str) -> ClientError:
     ("code", "klass", "grpc_code"),
     [
         pytest.param(
-            "InvalidVolume.NotFound", base.NotFoundError, grpc.StatusCode.NOT_FOUND, id="volume-missing"
+            "InvalidVolume.NotFound", failures.NotFoundError, grpc.StatusCode.NOT_FOUND, id="volume-missing"
         ),
         pytest.param(
-            "InvalidInstanceID.NotFound", base.NotFoundError, grpc.StatusCode.NOT_FOUND, id="node-missing"
+            "InvalidInstanceID.NotFound", failures.NotFoundError, grpc.StatusCode.NOT_FOUND, id="node-missing"
         ),
         pytest.param(
             "IdempotentParameterMismatch",
-            base.AlreadyExistsError,
+            failures.AlreadyExistsError,
             grpc.StatusCode.ALREADY_EXISTS,
             id="token-reuse",
         ),
         pytest.param(
             "InvalidParameterValue",
-            base.InvalidParameterError,
+            failures.InvalidParameterError,
             grpc.StatusCode.INVALID_ARGUMENT,
             id="bad-value",
         ),
         pytest.param(
-            "VolumeInUse", base.FailedPreconditionError, grpc.StatusCode.FAILED_PRECONDITION, id="in-use"
+            "VolumeInUse", failures.FailedPreconditionError, grpc.StatusCode.FAILED_PRECONDITION, id="in-use"
         ),
         pytest.param(
             "AttachmentLimitExceeded",
-            base.LimitExceededError,
+            failures.LimitExceededError,
             grpc.StatusCode.RESOURCE_EXHAUSTED,
             id="node-full",
         ),
         pytest.param(
             "InsufficientVolumeCapacity",
-            base.OutOfCapacityError,
+            failures.OutOfCapacityError,
             grpc.StatusCode.RESOURCE_EXHAUSTED,
             id="capacity",
         ),
         pytest.param(
             "UnauthorizedOperation",
-            base.FailedPreconditionError,
+            failures.FailedPreconditionError,
             grpc.StatusCode.FAILED_PRECONDITION,
             id="iam",
         ),
         pytest.param(
-            "RequestLimitExceeded", base.TransientError, grpc.StatusCode.UNAVAILABLE, id="throttled"
+            "RequestLimitExceeded", failures.TransientError, grpc.StatusCode.UNAVAILABLE, id="throttled"
         ),
         pytest.param(
-            "IncorrectModificationState", base.TransientError, grpc.StatusCode.UNAVAILABLE, id="modifying"
+            "IncorrectModificationState", failures.TransientError, grpc.StatusCode.UNAVAILABLE, id="modifying"
         ),
-        pytest.param("InvalidNextToken", base.InvalidTokenError, grpc.StatusCode.ABORTED, id="token"),
-        pytest.param("SomethingNew", base.BackendError, grpc.StatusCode.INTERNAL, id="unknown"),
+        pytest.param("InvalidNextToken", failures.InvalidTokenError, grpc.StatusCode.ABORTED, id="token"),
+        pytest.param("SomethingNew", failures.DriverError, grpc.StatusCode.INTERNAL, id="unknown"),
     ],
 )
-def test_error_table(code: str, klass: type[base.BackendError], grpc_code: grpc.StatusCode) -> None:
+def test_error_table(code: str, klass: type[failures.DriverError], grpc_code: grpc.StatusCode) -> None:
     error = translate(client_error(code), "create_volume")
     assert type(error) is klass
     assert code in str(error) and "because" in str(error)
@@ -86,7 +88,7 @@ def test_every_mapped_class_has_a_grpc_code() -> None:
 
 
 def test_unsupported_action_is_an_internal_backend_error() -> None:
-    assert issubclass(UnsupportedActionError, base.BackendError)
+    assert issubclass(UnsupportedActionError, failures.DriverError)
 
 
 @pytest.mark.parametrize(
@@ -102,10 +104,10 @@ def test_throttling_is_retried_then_succeeds(make_backend: Callable[..., AwsBack
 def test_throttling_that_persists_becomes_transient(make_backend: Callable[..., AwsBackend]) -> None:
     backend = make_backend(backoff=Backoff(attempts=3, initial=0.001, maximum=0.002))
     pending = inject_errors(backend.ec2.client, "DescribeVolumes", ["RequestLimitExceeded"] * 5)
-    with pytest.raises(base.TransientError, match="RequestLimitExceeded"):
+    with pytest.raises(failures.TransientError, match="RequestLimitExceeded"):
         backend.get_volume("vol-0123456789abcdef0")
     assert len(pending) == 2  # three attempts used
-    assert status_for(base.TransientError("x"))[0] == grpc.StatusCode.UNAVAILABLE
+    assert status_for(failures.TransientError("x"))[0] == grpc.StatusCode.UNAVAILABLE
 
 
 def test_non_throttling_errors_are_not_retried(make_backend: Callable[..., AwsBackend]) -> None:
@@ -113,7 +115,7 @@ def test_non_throttling_errors_are_not_retried(make_backend: Callable[..., AwsBa
     pending = inject_errors(
         backend.ec2.client, "DescribeVolumes", ["UnauthorizedOperation", "UnauthorizedOperation"]
     )
-    with pytest.raises(base.FailedPreconditionError):
+    with pytest.raises(failures.FailedPreconditionError):
         backend.get_volume("vol-0123456789abcdef0")
     assert len(pending) == 1 and backend.ec2.retries == 0
 
@@ -126,7 +128,7 @@ def test_backoff_grows_and_is_capped() -> None:
             raise client_error("Throttling")
 
     ec2 = Ec2(Throttled(), Backoff(attempts=8, initial=1.0, maximum=4.0), sleep=naps.append)
-    with pytest.raises(base.TransientError):
+    with pytest.raises(failures.TransientError):
         ec2.call("describe_volumes")
     assert len(naps) == 7 and all(0 <= n <= 4.0 for n in naps)
 
@@ -134,7 +136,7 @@ def test_backoff_grows_and_is_capped() -> None:
 def test_probe_fails_when_credentials_are_refused(make_backend: Callable[..., AwsBackend]) -> None:
     backend = make_backend()
     inject_errors(backend.ec2.client, "DescribeAvailabilityZones", ["AuthFailure"], status=401)
-    with pytest.raises(base.FailedPreconditionError, match="AuthFailure"):
+    with pytest.raises(failures.FailedPreconditionError, match="AuthFailure"):
         backend.probe()
 
 

@@ -11,12 +11,12 @@ import pytest
 
 from csi._proto import csi_pb2
 from csi.backends.aws import AwsBackend
-from csi.backends.aws_devices import DeviceFinder
+from csi.backends.aws.devices import DeviceFinder
 from csi.config import parse_args
 from csi.server import Driver
 from shim import Translator
-from tests.aws.conftest import ZONE
 from tests.csiclient import CsiClient, connect
+from tests.motoserver import ZONE
 
 AM = csi_pb2.VolumeCapability.AccessMode
 

@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from csi.backends.aws import AwsBackend
-from csi.backends.aws_metadata import (
+from csi.backends.aws.metadata import (
     DEDICATED_LIMIT,
     DEFAULT_LIMIT,
     XEN_LIMIT,
@@ -18,7 +18,7 @@ from csi.backends.aws_metadata import (
     free_attach_slots,
     resolve_placement,
 )
-from csi.backends.base import FailedPreconditionError
+from csi.failures import FailedPreconditionError
 
 TOKEN = "token-123"
 METADATA = {

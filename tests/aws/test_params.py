@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from csi.backends import aws_params as P
-from csi.backends.base import InvalidParameterError, NotFoundError, OutOfRangeError
+from csi.backends.aws import params as P
+from csi.failures import InvalidParameterError, NotFoundError, OutOfRangeError
 
 
 @pytest.mark.parametrize(

@@ -9,19 +9,18 @@ from typing import Any
 
 import pytest
 
-from csi.backends.aws import AwsBackend, client_token
-from csi.backends.base import (
+from csi.backends.aws import AwsBackend
+from csi.backends.aws.volumes import client_token
+from csi.backends.base import ContentSource, DiskOptions, GiB, SourceKind
+from csi.failures import (
     AlreadyExistsError,
-    ContentSource,
-    DiskOptions,
-    GiB,
     InvalidParameterError,
     NotFoundError,
     OutOfCapacityError,
     OutOfRangeError,
-    SourceKind,
 )
-from tests.aws.conftest import OTHER_ZONE, ZONE, inject_responses, record_calls
+from tests.aws.conftest import OTHER_ZONE, inject_responses, record_calls
+from tests.motoserver import ZONE
 
 EBS_ZONE = "topology.ebs.csi.aws.com/zone"
 K8S_ZONE = "topology.kubernetes.io/zone"

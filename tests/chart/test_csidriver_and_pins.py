@@ -55,3 +55,14 @@ def test_sidecar_image_is_the_version_the_test_bed_runs(container: str) -> None:
     deployment = only(render("defaults"), "Deployment")
     images = {c["name"]: c["image"] for c in deployment["spec"]["template"]["spec"]["containers"]}
     assert images[container].rsplit(":", 1)[1] == versions()[PINNED[container]]
+
+
+@pytest.mark.parametrize(("set_id", "limit"), [("aws", "25"), ("defaults", None)])
+def test_attach_limit_reaches_the_node_plugin_and_the_controller(set_id: str, limit: str | None) -> None:
+    """NodeGetInfo reports the limit; ControllerPublish refuses past the same limit."""
+    objects = render(set_id)
+    for kind in ("Deployment", "DaemonSet"):
+        spec = only(objects, kind)["spec"]["template"]["spec"]
+        plugin = next(c for c in spec["containers"] if c["name"] == "ballast-plugin")
+        given = [a.split("=", 1)[1] for a in plugin["args"] if a.startswith("--max-volumes-per-node=")]
+        assert given == ([limit] if limit else []), kind

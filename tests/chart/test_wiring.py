@@ -27,7 +27,7 @@ def socket_dir_of(workload: Obj, container: Obj, socket: str) -> str:
     names = [m["name"] for m in container["volumeMounts"] if m["mountPath"].rstrip("/") == directory]
     assert len(names) == 1, f"{container['name']}: no volume mounted at {directory}"
     assert names[0] in volumes(workload)
-    return names[0]
+    return str(names[0])
 
 
 def test_controller_sidecars_dial_the_driver_socket(set_id: str) -> None:

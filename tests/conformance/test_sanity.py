@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 
 # Controller, identity and group controller specs (ginkgo focus regexes).
 CONTROLLER_FOCUS = (r"\[Controller Server\]", r"Identity Service", r"GroupController")
-# Mutable parameters the local backend accepts (csi/backends/local.py MUTABLE_PARAMETERS).
+# Mutable parameters the local backend accepts (csi/backends/local/backend.py MUTABLE_PARAMETERS).
 MUTABLE_PARAMETERS = {"iops": "3000", "tier": "performance"}
 # A small attach limit keeps the attach-limit spec (which fills the node) quick.
 MAX_VOLUMES_PER_NODE = "4"

@@ -32,7 +32,7 @@ AccessMode = csi_pb2.VolumeCapability.AccessMode
 
 
 def mount_cap(
-    fs_type: str = "ext4", flags: tuple[str, ...] = (), mode: int = AccessMode.SINGLE_NODE_WRITER
+    fs_type: str = "ext4", flags: tuple[str, ...] = (), mode: AccessMode.Mode = AccessMode.SINGLE_NODE_WRITER
 ) -> csi_pb2.VolumeCapability:
     return csi_pb2.VolumeCapability(
         mount=csi_pb2.VolumeCapability.MountVolume(fs_type=fs_type, mount_flags=list(flags)),
@@ -40,7 +40,7 @@ def mount_cap(
     )
 
 
-def block_cap(mode: int = AccessMode.SINGLE_NODE_WRITER) -> csi_pb2.VolumeCapability:
+def block_cap(mode: AccessMode.Mode = AccessMode.SINGLE_NODE_WRITER) -> csi_pb2.VolumeCapability:
     return csi_pb2.VolumeCapability(
         block=csi_pb2.VolumeCapability.BlockVolume(),
         access_mode=csi_pb2.VolumeCapability.AccessMode(mode=mode),
@@ -219,7 +219,7 @@ def node_env(tmp_path: Path) -> Iterator[NodeEnv]:
                     csi_pb2.NodeUnpublishVolumeRequest(volume_id=vol_id, target_path=target), timeout=120
                 )
             except grpc.RpcError as err:
-                problems.append(f"unpublish {target}: {err.details()}")  # type: ignore[attr-defined]
+                problems.append(f"unpublish {target}: {err.details()}")
         for vol_id, staging in list(env.staged.items()):
             try:
                 env.client.node.NodeUnstageVolume(
@@ -227,7 +227,7 @@ def node_env(tmp_path: Path) -> Iterator[NodeEnv]:
                     timeout=120,
                 )
             except grpc.RpcError as err:
-                problems.append(f"unstage {staging}: {err.details()}")  # type: ignore[attr-defined]
+                problems.append(f"unstage {staging}: {err.details()}")
         env.stop()
         mounts, loops = leftovers(tmp_path, data_dir)
         force_clean(tmp_path, data_dir)

@@ -53,7 +53,8 @@ def create(c: CsiClient, name: str, size: int = 16 * MiB, **kw: object) -> csi_p
         capacity_range=csi_pb2.CapacityRange(required_bytes=size),
         **kw,  # type: ignore[arg-type]
     )
-    return c.controller.CreateVolume(req, timeout=30).volume
+    response: csi_pb2.CreateVolumeResponse = c.controller.CreateVolume(req, timeout=30)
+    return response.volume
 
 
 def volume_file(driver: Driver, volume_id: str) -> Path:

@@ -49,14 +49,15 @@ def request(i: int, seed_id: str) -> csi_pb2.CreateVolumeRequest:
 
 
 def make_seed(driver: Driver, c: CsiClient) -> str:
-    seed = c.controller.CreateVolume(
+    response: csi_pb2.CreateVolumeResponse = c.controller.CreateVolume(
         csi_pb2.CreateVolumeRequest(
             name="seed",
             volume_capabilities=[MOUNT],
             capacity_range=csi_pb2.CapacityRange(required_bytes=32 * MiB),
         ),
         timeout=30,
-    ).volume.volume_id
+    )
+    seed = response.volume.volume_id
     with open(driver.data_dir / "volumes" / f"{seed}.img", "r+b") as f:
         for offset in range(0, 32 * MiB, 64 * 1024):
             f.seek(offset)

@@ -12,8 +12,8 @@ import pytest
 
 from csi import loop
 from csi._proto import csi_pb2
+from csi.devices import device_readonly as mount_readonly
 from csi.mount import Mounter
-from csi.mount import device_readonly as mount_readonly
 from tests.conftest import require_tool
 from tests.csiclient import assert_code
 from tests.integration.conftest import MiB, NodeEnv, block_cap, mount_cap, write_mbr

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from csi import loop
-from csi.mount import Mounter, fs_size
+from csi.devices import fs_size
+from csi.mount import Mounter
 from tests.conftest import require_root, require_tool
 
 MiB = 1024**2

@@ -33,7 +33,7 @@ AM = csi_pb2.VolumeCapability.AccessMode
 RETRYABLE = (grpc.StatusCode.ABORTED, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
-def mount_cap(fs_type: str = "ext4", mode: int = AM.SINGLE_NODE_WRITER) -> csi_pb2.VolumeCapability:
+def mount_cap(fs_type: str = "ext4", mode: AM.Mode = AM.SINGLE_NODE_WRITER) -> csi_pb2.VolumeCapability:
     return csi_pb2.VolumeCapability(
         mount=csi_pb2.VolumeCapability.MountVolume(fs_type=fs_type), access_mode=AM(mode=mode)
     )
@@ -70,7 +70,7 @@ def retry(call: Callable[..., Any], request: Any, attempts: int = 100) -> Any:
         try:
             return call(request, timeout=60)
         except grpc.RpcError as err:
-            if err.code() not in RETRYABLE:  # type: ignore[attr-defined]
+            if err.code() not in RETRYABLE:
                 raise
             time.sleep(0.1)
     raise AssertionError(f"{type(request).__name__} never succeeded")

@@ -14,9 +14,9 @@ from typing import Any
 
 from csi import loop as real_loop
 from csi._proto import csi_pb2
-from csi.backends.base import TransientError
 from csi.backends.local import LocalBackend
 from csi.config import parse_args
+from csi.failures import TransientError
 from csi.mount import Result, SubprocessRunner
 from csi.server import Driver
 from tests.csiclient import CsiClient, connect
@@ -198,7 +198,7 @@ def start_local(tmp: Path, data_dir: Path | None = None, loop: Any = None, *extr
             *extra,
         ]
     )  # fmt: skip
-    backend = FlakyBackend(str(data), node_id=NODE_ID, loop=loop)
+    backend = FlakyBackend.open(str(data), node_id=NODE_ID, loop=loop)
     backend.faults = {}
     driver = Driver(config, backend=backend)
     driver.start()

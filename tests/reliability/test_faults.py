@@ -408,11 +408,11 @@ def test_size_past_the_largest_file_is_out_of_range_and_never_recorded(local: Lo
 def test_reconcile_undoes_a_recorded_size_the_file_cannot_reach(leak_check: Path) -> None:
     """A kill between recording an impossible expand and undoing it must not stop the next start."""
     data = leak_check / "data"
-    b = LocalBackend(str(data), node_id=NODE_ID)
+    b = LocalBackend.open(str(data), node_id=NODE_ID)
     vid = b.create_volume("v", DiskOptions(size_bytes=16 * MiB)).id
     b.store.set_size(vid, 2**62)
     b.close()
-    b = LocalBackend(str(data), node_id=NODE_ID)
+    b = LocalBackend.open(str(data), node_id=NODE_ID)
     try:
         assert b.get_volume(vid).size_bytes == 16 * MiB
     finally:

@@ -304,7 +304,7 @@ SCENARIOS = {
         _staged_check,
     ),
     "publish": Scenario(
-        lambda w: (with_files(w, "v"), stage(w, w.volumes["v"])),
+        lambda w: stage(w, with_files(w, "v")),
         lambda w: ("node", "NodePublishVolume", publish_req(w, w.volumes["v"])),
         _published_check,
     ),

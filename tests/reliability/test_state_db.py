@@ -15,9 +15,12 @@ from pathlib import Path
 import pytest
 
 from csi._proto import csi_pb2
-from csi.backends.base import DiskOptions, FailedPreconditionError
+from csi.backends.base import DiskOptions
 from csi.backends.local import LocalBackend
-from csi.recovery import StateUnusable, check_state, recover_state
+from csi.backends.local.layout import Layout
+from csi.backends.local.recovery import recover_state
+from csi.backends.local.startup import StateUnusable, check_state
+from csi.failures import FailedPreconditionError
 from tests.conformance.driver import DRIVER, running_driver
 from tests.csiclient import connect
 from tests.reliability.conftest import MiB, read_state
@@ -44,7 +47,7 @@ def digests(data_dir: Path) -> dict[str, str]:
 
 def seed(data_dir: Path) -> Seeded:
     """Three volumes with data, a snapshot, a group snapshot and an attachment, written by the backend."""
-    b = LocalBackend(str(data_dir), node_id=NODE)
+    b = LocalBackend.open(str(data_dir), node_id=NODE)
     try:
         vols = {}
         for i in range(3):
@@ -161,7 +164,8 @@ def test_refuses_to_start_then_recover_state_restores_every_volume(
                 capacity_range=csi_pb2.CapacityRange(required_bytes=8 * MiB),
                 volume_capabilities=[csi_pb2.VolumeCapability(
                     mount=csi_pb2.VolumeCapability.MountVolume(),
-                    access_mode=csi_pb2.VolumeCapability.AccessMode(mode=1))],
+                    access_mode=csi_pb2.VolumeCapability.AccessMode(
+                        mode=csi_pb2.VolumeCapability.AccessMode.SINGLE_NODE_WRITER))],
                 volume_content_source=csi_pb2.VolumeContentSource(
                     snapshot=csi_pb2.VolumeContentSource.SnapshotSource(snapshot_id=s.snapshot)),
             ), timeout=30,
@@ -181,7 +185,7 @@ def test_recover_state_on_a_healthy_database_loses_nothing(tmp_path: Path) -> No
     counts = (report.volumes, report.named, report.snapshots, report.groups, report.attachments)
     assert counts == (3, 3, 3, 1, 1)
     assert read_state(data) == before
-    b = LocalBackend(str(data), node_id=NODE)
+    b = LocalBackend.open(str(data), node_id=NODE)
     try:
         assert b.create_volume("pvc-1", DiskOptions(size_bytes=9 * MiB)).id == s.volumes["pvc-1"]
         assert [a.node_id for a in b.get_volume(s.volumes["pvc-0"]).attachments] == [NODE]
@@ -197,7 +201,7 @@ def test_recover_state_on_a_healthy_database_loses_nothing(tmp_path: Path) -> No
 def test_recover_state_refuses_while_a_driver_holds_the_data_dir(tmp_path: Path) -> None:
     data = tmp_path / "data"
     seed(data)
-    b = LocalBackend(str(data), node_id=NODE)
+    b = LocalBackend.open(str(data), node_id=NODE)
     before = sorted(os.listdir(data))
     try:
         with pytest.raises(FailedPreconditionError, match="in use by ballast-csi controller"):
@@ -219,13 +223,21 @@ def test_records_without_files_are_dropped_and_stray_files_left_alone(tmp_path: 
     assert set(read_state(data).volume_rows) == {s.volumes["pvc-0"], s.volumes["pvc-1"]}
 
 
+def _seeded_then(how: Callable[[Path], None]) -> Callable[[Path], None]:
+    def prepare(data_dir: Path) -> None:
+        seed(data_dir)
+        damage(data_dir, how)
+
+    return prepare
+
+
 @pytest.mark.parametrize(
     ("prepare", "refused"),
     [
         pytest.param(lambda d: None, False, id="fresh-data-dir"),
         pytest.param(lambda d: seed(d), False, id="healthy"),
-        pytest.param(lambda d: (seed(d), damage(d, _deleted)), True, id="lost-with-files"),
-        pytest.param(lambda d: (seed(d), damage(d, _garbage)), True, id="garbage"),
+        pytest.param(_seeded_then(_deleted), True, id="lost-with-files"),
+        pytest.param(_seeded_then(_garbage), True, id="garbage"),
     ],
 )
 def test_check_state_only_refuses_what_cannot_be_trusted(
@@ -236,6 +248,6 @@ def test_check_state_only_refuses_what_cannot_be_trusted(
     prepare(data)
     if refused:
         with pytest.raises(StateUnusable, match="recover-state"):
-            check_state(str(data))
+            check_state(Layout(str(data)))
     else:
-        check_state(str(data))
+        check_state(Layout(str(data)))

@@ -13,7 +13,6 @@ from csi import keys
 from csi._proto import csi_pb2
 from csi.backends import base
 from csi.capabilities import Capabilities
-from csi.config import Config
 from csi.controller import ControllerService
 from csi.errors import status_for
 from csi.group_controller import GroupControllerService
@@ -50,8 +49,8 @@ class Env:
         self.backend = FakeBackend(all_capabilities(**caps))
         self.inflight = InFlight()
         capabilities = Capabilities(self.backend.capabilities, serves_controller=True, serves_node=True)
-        self.ctl = ControllerService(self.backend, Config(), capabilities, self.inflight)
-        self.group = GroupControllerService(self.backend, Config(), capabilities, self.inflight)
+        self.ctl = ControllerService(self.backend, capabilities, self.inflight)
+        self.group = GroupControllerService(self.backend, capabilities, self.inflight)
 
     def create(self, name: str = "pvc-1", **kw: Any) -> csi_pb2.Volume:
         kw.setdefault("volume_capabilities", [mount()])
@@ -415,14 +414,22 @@ def test_expand_retried_with_a_target_not_above_the_current_size_answers_the_cur
     resp = env.ctl.ControllerExpandVolume(lower, CTX)
     assert resp.capacity_bytes == 2 * GiB
     assert env.backend.volumes[vol.volume_id].size_bytes == 2 * GiB
+    # Answered from the volume's recorded size: no backend is ever asked to shrink.
+    assert [c for c in env.backend.calls if c[0] == "expand_volume"] == []
 
 
 def test_expand_volume_codes(env: Env) -> None:
     vol = env.create(capacity_range=csi_pb2.CapacityRange(required_bytes=2 * GiB))
-    shrink = csi_pb2.ControllerExpandVolumeRequest(
+    smaller = csi_pb2.ControllerExpandVolumeRequest(
         volume_id=vol.volume_id, capacity_range=csi_pb2.CapacityRange(required_bytes=GiB)
     )
-    missing = csi_pb2.ControllerExpandVolumeRequest(volume_id="fv-x", capacity_range=shrink.capacity_range)
+    assert env.ctl.ControllerExpandVolume(smaller, CTX).capacity_bytes == 2 * GiB, "already large enough"
+    shrink = csi_pb2.ControllerExpandVolumeRequest(
+        volume_id=vol.volume_id, capacity_range=csi_pb2.CapacityRange(required_bytes=GiB, limit_bytes=GiB)
+    )
+    assert code_of(env.ctl.ControllerExpandVolume, shrink) == Code.OUT_OF_RANGE, "at most 1 GiB: a shrink"
+    assert env.backend.volumes[vol.volume_id].size_bytes == 2 * GiB
+    missing = csi_pb2.ControllerExpandVolumeRequest(volume_id="fv-x", capacity_range=smaller.capacity_range)
     assert code_of(env.ctl.ControllerExpandVolume, missing) == Code.NOT_FOUND
     no_range = csi_pb2.ControllerExpandVolumeRequest(volume_id=vol.volume_id)
     assert code_of(env.ctl.ControllerExpandVolume, no_range) == Code.INVALID_ARGUMENT

@@ -10,9 +10,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from csi import errors, logs
+from csi import errors, failures, logs
 from csi._proto import csi_pb2, csi_pb2_grpc
-from csi.backends import base
 from tests.csiclient import CsiClient, assert_code, connect
 
 
@@ -42,26 +41,28 @@ def raising(tmp_path: Path) -> Iterator[tuple[Raising, CsiClient]]:
     server.stop(None)
 
 
-BACKEND_CASES = [
-    pytest.param(base.NotFoundError("volume lv-1 not found"), grpc.StatusCode.NOT_FOUND, id="not-found"),
-    pytest.param(base.AlreadyExistsError("name taken"), grpc.StatusCode.ALREADY_EXISTS, id="already-exists"),
+CASES = [
+    pytest.param(failures.NotFoundError("volume lv-1 not found"), grpc.StatusCode.NOT_FOUND, id="not-found"),
+    pytest.param(failures.AlreadyExistsError("name taken"), grpc.StatusCode.ALREADY_EXISTS, id="exists"),
     pytest.param(
-        base.InvalidParameterError("bad key x"), grpc.StatusCode.INVALID_ARGUMENT, id="invalid-param"
+        failures.InvalidParameterError("bad key x"), grpc.StatusCode.INVALID_ARGUMENT, id="invalid-param"
     ),
-    pytest.param(base.OutOfRangeError("too small"), grpc.StatusCode.OUT_OF_RANGE, id="out-of-range"),
-    pytest.param(base.LimitExceededError("node full"), grpc.StatusCode.RESOURCE_EXHAUSTED, id="limit"),
-    pytest.param(base.OutOfCapacityError("no space"), grpc.StatusCode.RESOURCE_EXHAUSTED, id="capacity"),
+    pytest.param(failures.OutOfRangeError("too small"), grpc.StatusCode.OUT_OF_RANGE, id="out-of-range"),
+    pytest.param(failures.LimitExceededError("node full"), grpc.StatusCode.RESOURCE_EXHAUSTED, id="limit"),
+    pytest.param(failures.OutOfCapacityError("no space"), grpc.StatusCode.RESOURCE_EXHAUSTED, id="capacity"),
     pytest.param(
-        base.FailedPreconditionError("in use"), grpc.StatusCode.FAILED_PRECONDITION, id="precondition"
+        failures.FailedPreconditionError("in use"), grpc.StatusCode.FAILED_PRECONDITION, id="precondition"
     ),
-    pytest.param(base.TransientError("throttled"), grpc.StatusCode.UNAVAILABLE, id="transient"),
-    pytest.param(base.InvalidTokenError("bad token"), grpc.StatusCode.ABORTED, id="bad-token"),
-    pytest.param(base.BackendError("odd backend"), grpc.StatusCode.INTERNAL, id="generic-backend"),
+    pytest.param(failures.TransientError("throttled"), grpc.StatusCode.UNAVAILABLE, id="transient"),
+    pytest.param(failures.InvalidTokenError("bad token"), grpc.StatusCode.ABORTED, id="bad-token"),
+    pytest.param(failures.BusyError("in progress"), grpc.StatusCode.ABORTED, id="busy"),
+    pytest.param(failures.UnsupportedError("no snapshots"), grpc.StatusCode.UNIMPLEMENTED, id="unsupported"),
+    pytest.param(failures.DriverError("odd failure"), grpc.StatusCode.INTERNAL, id="driver-error"),
 ]
 
 
-@pytest.mark.parametrize(("exc", "code"), BACKEND_CASES)
-def test_backend_error_maps_to_code(
+@pytest.mark.parametrize(("exc", "code"), CASES)
+def test_error_maps_to_code(
     raising: tuple[Raising, CsiClient], exc: Exception, code: grpc.StatusCode
 ) -> None:
     servicer, client = raising
@@ -70,22 +71,18 @@ def test_backend_error_maps_to_code(
     assert message == str(exc)
 
 
-def test_every_backend_error_class_has_a_code() -> None:
-    classes = {c for c in vars(base).values() if isinstance(c, type) and issubclass(c, base.BackendError)}
-    assert classes == set(errors.BACKEND_CODES)
+def test_every_error_class_has_a_code() -> None:
+    classes = {
+        c for c in vars(failures).values() if isinstance(c, type) and issubclass(c, failures.DriverError)
+    }
+    assert classes == set(errors.CODES)
 
 
-@pytest.mark.parametrize(
-    "exc",
-    [
-        pytest.param(cls(f"{cls.__name__} happened"), id=cls.__name__)
-        for cls in errors.CsiError.__subclasses__()
-    ],
-)
-def test_csi_errors_keep_their_code(raising: tuple[Raising, CsiClient], exc: errors.CsiError) -> None:
-    servicer, client = raising
-    servicer.exc = exc
-    assert assert_code(client.identity.GetPluginInfo, csi_pb2.GetPluginInfoRequest(), exc.code) == str(exc)
+def test_a_subclass_gets_the_code_of_its_nearest_listed_base() -> None:
+    class Throttled(failures.TransientError):
+        pass
+
+    assert errors.status_for(Throttled("slow down")) == (grpc.StatusCode.UNAVAILABLE, "slow down")
 
 
 @pytest.mark.parametrize(

@@ -11,11 +11,10 @@ from typing import Any
 
 import pytest
 
-from csi import keys
+from csi import failures, keys
 from csi.backends import base
-from csi.backends import local_files as files
 from csi.backends.base import ContentSource, DiskOptions, SourceKind
-from csi.backends.local import LocalBackend
+from csi.backends.local import LocalBackend, files
 
 GiB, MiB = base.GiB, base.MiB
 DRIVER = "local.csi.ballast.dev"
@@ -59,7 +58,7 @@ class FakeLoop:
 def open_backend(data: Path, loop: Any = None, **kw: Any) -> LocalBackend:
     kw.setdefault("node_id", "node-1")
     kw.setdefault("zone", "z1")
-    return LocalBackend(str(data), driver_name=DRIVER, loop=loop, **kw)
+    return LocalBackend.open(str(data), driver_name=DRIVER, loop=loop, **kw)
 
 
 @pytest.fixture
@@ -119,7 +118,7 @@ def test_create_is_idempotent_by_name(data: Path, be: LocalBackend, second: Disk
     if same:
         assert be.create_volume("pvc-1", second).id == first.id
     else:
-        with pytest.raises(base.AlreadyExistsError):
+        with pytest.raises(failures.AlreadyExistsError):
             be.create_volume("pvc-1", second)
     assert volume_files(data) == [f"{first.id}.img"]
 
@@ -143,7 +142,7 @@ def test_malformed_ids_are_not_found_without_file_operations(data: Path, be: Loc
         lambda: be.resolve_device(bad, {}),
     ]
     for call in calls:
-        with pytest.raises(base.NotFoundError):
+        with pytest.raises(failures.NotFoundError):
             call()
     assert volume_files(data) == []
     assert os.listdir(data / "snapshots") == []
@@ -171,11 +170,11 @@ def test_clone_copies_data_and_source_size_limits_it(be: LocalBackend) -> None:
         "clone", DiskOptions(size_bytes=32 * MiB, source=ContentSource(SourceKind.VOLUME, vol.id))
     )
     assert read(be.volume_path(clone.id), 0, 6) == b"cloned"
-    with pytest.raises(base.OutOfRangeError):
+    with pytest.raises(failures.OutOfRangeError):
         be.create_volume(
             "small", DiskOptions(size_bytes=MiB, source=ContentSource(SourceKind.VOLUME, vol.id))
         )
-    with pytest.raises(base.NotFoundError):
+    with pytest.raises(failures.NotFoundError):
         be.create_volume(
             "x", DiskOptions(size_bytes=GiB, source=ContentSource(SourceKind.SNAPSHOT, "ls-" + "1" * 32))
         )
@@ -185,12 +184,12 @@ def test_delete_refuses_published_volume_and_keeps_snapshots(data: Path, be: Loc
     vol = be.create_volume("v", DiskOptions(size_bytes=GiB))
     snap = be.create_snapshot("s", vol.id, {})
     be.attach(vol.id, "node-1", False)
-    with pytest.raises(base.FailedPreconditionError, match="node-1"):
+    with pytest.raises(failures.FailedPreconditionError, match="node-1"):
         be.delete_volume(vol.id)
     be.detach(vol.id, "node-1")
     be.delete_volume(vol.id)
     assert volume_files(data) == []
-    with pytest.raises(base.NotFoundError):
+    with pytest.raises(failures.NotFoundError):
         be.delete_volume(vol.id)
     assert be.get_snapshot(snap.id).source_volume_id == vol.id
 
@@ -200,9 +199,9 @@ def test_attach_rules(be: LocalBackend) -> None:
     ctx = be.attach(vol.id, "node-1", False)
     assert ctx == {keys.PC_VOLUME_FILE: be.volume_path(vol.id)}
     assert be.attach(vol.id, "node-1", False) == ctx
-    with pytest.raises(base.AlreadyExistsError):
+    with pytest.raises(failures.AlreadyExistsError):
         be.attach(vol.id, "node-1", True)
-    with pytest.raises(base.NotFoundError, match="node-9"):
+    with pytest.raises(failures.NotFoundError, match="node-9"):
         be.attach(vol.id, "node-9", False)
     assert [a.node_id for a in be.get_volume(vol.id).attachments] == ["node-1"]
     be.detach(vol.id, "node-1")
@@ -215,7 +214,7 @@ def test_attach_limit_per_node(data: Path) -> None:
     ids = [be.create_volume(f"v{i}", DiskOptions(size_bytes=MiB)).id for i in range(3)]
     be.attach(ids[0], "node-1", False)
     be.attach(ids[1], "node-1", False)
-    with pytest.raises(base.LimitExceededError):
+    with pytest.raises(failures.LimitExceededError):
         be.attach(ids[2], "node-1", False)
     assert be.node_identity().max_volumes == 2
     be.close()
@@ -238,7 +237,7 @@ def test_list_volumes_pages_with_tokens_that_survive_deletes(be: LocalBackend) -
     rest = be.list_volumes(0, page.next_token)
     assert [d.id for d in rest.items] == ids[2:] and rest.next_token == ""
     for bad in ("garbage", "lvt-x", "lst-1"):
-        with pytest.raises(base.InvalidTokenError):
+        with pytest.raises(failures.InvalidTokenError):
             be.list_volumes(1, bad)
 
 
@@ -248,10 +247,10 @@ def test_capacity_limit_and_topology(data: Path) -> None:
     be.create_volume("a", DiskOptions(size_bytes=2 * GiB))
     assert be.get_capacity({}, {ZONE_KEY: "z1"}) == GiB
     assert be.get_capacity({}, {ZONE_KEY: "z2"}) == 0
-    with pytest.raises(base.OutOfCapacityError):
+    with pytest.raises(failures.OutOfCapacityError):
         be.create_volume("b", DiskOptions(size_bytes=2 * GiB))
     far = DiskOptions(size_bytes=MiB, requisite=[{ZONE_KEY: "z1", REGION_KEY: "r2"}])
-    with pytest.raises(base.OutOfCapacityError):
+    with pytest.raises(failures.OutOfCapacityError):
         be.create_volume("c", far)
     near = DiskOptions(size_bytes=MiB, requisite=[{ZONE_KEY: "z9"}, {ZONE_KEY: "z1", REGION_KEY: "r1"}])
     assert be.create_volume("d", near).topology == {ZONE_KEY: "z1", REGION_KEY: "r1"}
@@ -271,7 +270,7 @@ def test_mutable_parameters(be: LocalBackend, params: dict[str, str], ok: bool) 
     if ok:
         assert be.validate_mutable_parameters(params) == params
     else:
-        with pytest.raises(base.InvalidParameterError):
+        with pytest.raises(failures.InvalidParameterError):
             be.validate_mutable_parameters(params)
 
 
@@ -282,7 +281,7 @@ def test_modify_volume_merges_mutable_parameters(be: LocalBackend) -> None:
 
 
 def test_unknown_parameters_are_rejected_by_name(be: LocalBackend) -> None:
-    with pytest.raises(base.InvalidParameterError, match="zone"):
+    with pytest.raises(failures.InvalidParameterError, match="zone"):
         be.validate_parameters({"zone": "a"})
 
 
@@ -291,7 +290,7 @@ def test_snapshot_idempotency_and_listing(be: LocalBackend) -> None:
     b = be.create_volume("b", DiskOptions(size_bytes=MiB))
     s1 = be.create_snapshot("s1", a.id, {})
     assert be.create_snapshot("s1", a.id, {}).id == s1.id
-    with pytest.raises(base.AlreadyExistsError):
+    with pytest.raises(failures.AlreadyExistsError):
         be.create_snapshot("s1", b.id, {})
     s2 = be.create_snapshot("s2", b.id, {})
     assert [s.id for s in be.list_snapshots(source_volume_id=b.id).items] == [s2.id]
@@ -300,7 +299,7 @@ def test_snapshot_idempotency_and_listing(be: LocalBackend) -> None:
     first = be.list_snapshots(max_entries=1)
     assert [s.id for s in be.list_snapshots(starting_token=first.next_token).items] == [s2.id]
     be.delete_snapshot(s1.id)
-    with pytest.raises(base.NotFoundError):
+    with pytest.raises(failures.NotFoundError):
         be.get_snapshot(s1.id)
 
 
@@ -311,20 +310,20 @@ def test_group_snapshot_members_share_an_instant_and_delete_together(data: Path,
     group = be.create_group_snapshot("g", [v.id for v in vols], {})
     assert len({s.created_at for s in group.snapshots}) == 1
     assert be.create_group_snapshot("g", [v.id for v in reversed(vols)], {}).id == group.id
-    with pytest.raises(base.AlreadyExistsError):
+    with pytest.raises(failures.AlreadyExistsError):
         be.create_group_snapshot("g", [vols[0].id], {})
     member = group.snapshots[1]
     restored = be.create_volume(
         "r", DiskOptions(size_bytes=MiB, source=ContentSource(SourceKind.SNAPSHOT, member.id))
     )
     assert read(be.volume_path(restored.id), 0, 4) == b"vol1"
-    with pytest.raises(base.InvalidParameterError, match="group"):
+    with pytest.raises(failures.InvalidParameterError, match="group"):
         be.delete_snapshot(member.id)
     be.delete_group_snapshot(group.id)
     assert os.listdir(data / "snapshots") == []
-    with pytest.raises(base.NotFoundError):
+    with pytest.raises(failures.NotFoundError):
         be.get_group_snapshot(group.id)
-    with pytest.raises(base.NotFoundError):
+    with pytest.raises(failures.NotFoundError):
         be.create_group_snapshot("g2", [vols[0].id, "lv-" + "0" * 32], {})
     assert os.listdir(data / "snapshots") == []
 
@@ -359,7 +358,7 @@ def test_node_process_does_not_reconcile(data: Path) -> None:
 
 def test_only_one_process_reconciles_a_data_dir(be: LocalBackend, data: Path) -> None:
     with pytest.raises(
-        base.FailedPreconditionError, match=rf"in use by ballast-csi controller \(pid {os.getpid()}\)"
+        failures.FailedPreconditionError, match=rf"in use by ballast-csi controller \(pid {os.getpid()}\)"
     ):
         open_backend(data)
     open_backend(data, reconcile=False).close()  # a node-only process shares the dir
@@ -377,10 +376,10 @@ def test_resolve_device_attaches_refreshes_and_verifies(data: Path) -> None:
     assert be.resolve_device(vol.id, ctx) == dev and loop.refreshed == []
     be.expand_volume(vol.id, 2 * MiB)
     assert be.resolve_device(vol.id, ctx) == dev and loop.refreshed == [dev]
-    with pytest.raises(base.FailedPreconditionError):
+    with pytest.raises(failures.FailedPreconditionError):
         be.resolve_device(vol.id, {keys.PC_VOLUME_FILE: "/elsewhere.img"})
     loop.lie = "/some/other/file"
-    with pytest.raises(base.FailedPreconditionError, match="not volume"):
+    with pytest.raises(failures.FailedPreconditionError, match="not volume"):
         be.resolve_device(vol.id, ctx)
     be.release_device(vol.id)
     assert loop.devices == {}
@@ -403,7 +402,7 @@ def test_concurrent_creates_never_exceed_the_capacity_limit(data: Path) -> None:
         barrier.wait()
         try:
             be.create_volume(f"v{i}", DiskOptions(size_bytes=3 * MiB))
-        except base.OutOfCapacityError:
+        except failures.OutOfCapacityError:
             return False
         return True
 
@@ -419,7 +418,7 @@ def test_volume_locks_are_dropped_when_released(be: LocalBackend) -> None:
     be.create_group_snapshot("g", [v.id for v in vols], {})
     be.expand_volume(vols[0].id, 2 * MiB)
     be.delete_volume(vols[1].id)
-    assert be._locks == {}
+    assert len(be._locks) == 0
 
 
 def test_group_snapshot_holds_every_member_until_all_are_copied(
@@ -478,7 +477,7 @@ def test_topology_keys_accepted_for_placement_and_capacity(
     if served:
         assert be.create_volume("v", options).topology == {ZONE_KEY: "z1", REGION_KEY: "r1"}
     else:
-        with pytest.raises(base.OutOfCapacityError):
+        with pytest.raises(failures.OutOfCapacityError):
             be.create_volume("v", options)
     be.close()
 
@@ -492,7 +491,7 @@ def test_region_labels_do_not_match_when_no_region_is_configured(be: LocalBacken
 
 @pytest.fixture
 def ebs_standin(data: Path) -> Iterator[LocalBackend]:
-    b = LocalBackend(str(data), driver_name="ebs.csi.aws.com", zone="us-east-1a", node_id="node-1")
+    b = LocalBackend.open(str(data), driver_name="ebs.csi.aws.com", zone="us-east-1a", node_id="node-1")
     yield b
     b.close()
 
@@ -531,14 +530,14 @@ def test_ebs_standin_accepts_and_records_ebs_parameters(
     ],
 )
 def test_ebs_standin_refuses_what_ebs_refuses(
-    ebs_standin: LocalBackend, parameters: dict[str, str], size_gib: int, message: str
+    ebs_standin: LocalBackend, data: Path, parameters: dict[str, str], size_gib: int, message: str
 ) -> None:
-    with pytest.raises((base.InvalidParameterError, base.OutOfRangeError), match=message):
+    with pytest.raises((failures.InvalidParameterError, failures.OutOfRangeError), match=message):
         checked = ebs_standin.validate_parameters(parameters)
         ebs_standin.create_volume("pvc-bad", DiskOptions(size_bytes=size_gib * GiB, parameters=checked))
-    assert volume_files(Path(ebs_standin.data_dir)) == []
+    assert volume_files(data) == []
 
 
 def test_local_backend_under_its_own_name_still_takes_no_parameters(be: LocalBackend) -> None:
-    with pytest.raises(base.InvalidParameterError, match="unknown parameter"):
+    with pytest.raises(failures.InvalidParameterError, match="unknown parameter"):
         be.validate_parameters({"type": "gp2"})

@@ -86,7 +86,7 @@ def test_rpc_and_backend_metrics(running: tuple[Driver, FakeBackend, CsiClient])
 
 def test_backend_errors_counted(running: tuple[Driver, FakeBackend, CsiClient]) -> None:
     driver, backend, client = running
-    from csi.backends.base import TransientError
+    from csi.failures import TransientError
 
     backend.fail["create_volume"] = TransientError("throttled")
     assert_code(

@@ -14,10 +14,13 @@ import pytest
 from csi._proto import csi_pb2
 from csi.capabilities import NRPC, Capabilities
 from csi.config import Config, NodeConfig
-from csi.errors import CsiError, FailedPrecondition, InvalidArgument
+from csi.devices import partition_path
+from csi.failures import DriverError, FailedPreconditionError, InvalidParameterError
 from csi.inflight import InFlight
 from csi.mount import Mounter
-from csi.node import NodeService, parse_partition, partition_path
+from csi.node import NodeService
+from csi.staging import Filesystem
+from csi.validation import parse_partition
 from tests.fake_runner import FakeRunner
 from tests.fakes import FAKE_NODE, FAKE_ZONE_KEY, FakeBackend
 
@@ -57,7 +60,9 @@ def env(tmp_path: Path) -> Env:
     return Env(tmp_path)
 
 
-def mount_cap(fs_type: str = "ext4", flags: Sequence[str] = (), mode: int = SNW) -> csi_pb2.VolumeCapability:
+def mount_cap(
+    fs_type: str = "ext4", flags: Sequence[str] = (), mode: AccessMode.Mode = SNW
+) -> csi_pb2.VolumeCapability:
     return csi_pb2.VolumeCapability(
         mount=csi_pb2.VolumeCapability.MountVolume(fs_type=fs_type, mount_flags=list(flags)),
         access_mode=csi_pb2.VolumeCapability.AccessMode(mode=mode),
@@ -103,7 +108,7 @@ STAGE_ONLY = [
 PUBLISH_ONLY = [
     pytest.param({"target": "relative/target"}, "absolute", id="relative-target"),
     pytest.param({"target": "{k}/pods/../../escape"}, "'..'", id="dotdot-target"),
-    pytest.param({"target": "/root/target"}, "outside", id="target-outside-roots"),
+    pytest.param({"target": "/srv/target"}, "outside", id="target-outside-roots"),
     pytest.param({"target": "{k}/plugins/v/globalmount"}, "differ", id="target-is-staging"),
 ]
 
@@ -125,7 +130,7 @@ def test_stage_rejects_before_touching_anything(env: Env, spec: dict[str, Any], 
     )
     if not spec.get("no_cap"):
         request.volume_capability.CopyFrom(mount_cap(spec.get("fs_type", ""), spec.get("flags", ())))
-    with pytest.raises(InvalidArgument, match=message):
+    with pytest.raises(InvalidParameterError, match=message):
         env.node.NodeStageVolume(request, None)  # type: ignore[arg-type]
     assert env.touched() == []
 
@@ -141,7 +146,7 @@ def test_publish_rejects_before_touching_anything(env: Env, spec: dict[str, Any]
     )
     if not spec.get("no_cap"):
         request.volume_capability.CopyFrom(mount_cap(spec.get("fs_type", ""), spec.get("flags", ())))
-    with pytest.raises(InvalidArgument, match=message):
+    with pytest.raises(InvalidParameterError, match=message):
         env.node.NodePublishVolume(request, None)  # type: ignore[arg-type]
     assert env.touched() == []
 
@@ -156,12 +161,12 @@ def test_publish_rejects_before_touching_anything(env: Env, spec: dict[str, Any]
     ],
 )
 def test_unpublish_and_unstage_reject_bad_paths(env: Env, path: str, message: str) -> None:
-    with pytest.raises(InvalidArgument, match=message):
+    with pytest.raises(InvalidParameterError, match=message):
         env.node.NodeUnpublishVolume(
             csi_pb2.NodeUnpublishVolumeRequest(volume_id=env.volume_id, target_path=path),
             None,  # type: ignore[arg-type]
         )
-    with pytest.raises(InvalidArgument, match=message):
+    with pytest.raises(InvalidParameterError, match=message):
         env.node.NodeUnstageVolume(
             csi_pb2.NodeUnstageVolumeRequest(volume_id=env.volume_id, staging_target_path=path),
             None,  # type: ignore[arg-type]
@@ -177,7 +182,7 @@ def test_block_stage_rejects_filesystem_mount_flags(env: Env) -> None:
         volume_capability=cap,
         volume_context={"partition": "abc"},
     )
-    with pytest.raises(InvalidArgument, match="partition"):
+    with pytest.raises(InvalidParameterError, match="partition"):
         env.node.NodeStageVolume(request, None)  # type: ignore[arg-type]
     assert env.touched() == []
 
@@ -186,7 +191,7 @@ def test_publish_without_staging_path_is_failed_precondition(env: Env) -> None:
     request = csi_pb2.NodePublishVolumeRequest(
         volume_id=env.volume_id, target_path=f"{env.kubelet}/{GOOD_TARGET}", volume_capability=mount_cap()
     )
-    with pytest.raises(FailedPrecondition, match="staging_target_path"):
+    with pytest.raises(FailedPreconditionError, match="staging_target_path"):
         env.node.NodePublishVolume(request, None)  # type: ignore[arg-type]
 
 
@@ -197,7 +202,7 @@ def test_publish_of_an_unstaged_volume_is_failed_precondition(env: Env) -> None:
         target_path=f"{env.kubelet}/{GOOD_TARGET}",
         volume_capability=mount_cap(),
     )
-    with pytest.raises(FailedPrecondition, match="not staged"):
+    with pytest.raises(FailedPreconditionError, match="not staged"):
         env.node.NodePublishVolume(request, None)  # type: ignore[arg-type]
     assert not (env.kubelet / GOOD_TARGET).exists()
 
@@ -246,7 +251,7 @@ def _stage(
     env: Env, device: str, fs_type: str = "ext4", explicit: bool = True, readonly: bool = False
 ) -> None:
     staging = str(env.kubelet / "plugins" / "s" / "globalmount")
-    env.node._stage_filesystem(device, staging, fs_type, explicit, [], readonly, {})
+    env.node.stager.stage_filesystem(device, staging, Filesystem(fs_type, explicit, [], readonly, {}))
 
 
 @pytest.mark.parametrize(
@@ -278,7 +283,7 @@ def test_never_formats_a_used_device(
     env: Env, tmp_path: Path, blkid_out: str, fs_type: str, explicit: bool, message: str
 ) -> None:
     env.runner.on("blkid", stdout=blkid_out)
-    with pytest.raises(FailedPrecondition, match=message):
+    with pytest.raises(FailedPreconditionError, match=message):
         _stage(env, _device(tmp_path), fs_type, explicit)
     assert "mkfs.ext4" not in env.runner.programs() and "mount" not in env.runner.programs()
 
@@ -292,7 +297,7 @@ def test_existing_fs_type_is_used_when_none_was_asked_for(env: Env, tmp_path: Pa
 
 def test_blank_device_staged_readonly_is_not_formatted(env: Env, tmp_path: Path) -> None:
     env.runner.on("blkid", returncode=2)
-    with pytest.raises(FailedPrecondition, match="read-only"):
+    with pytest.raises(FailedPreconditionError, match="read-only"):
         _stage(env, _device(tmp_path), readonly=True)
     assert env.runner.programs() == ["blkid"]
 
@@ -323,8 +328,9 @@ def test_mkfs_and_fsck_run_at_most_format_concurrency_at_once(tmp_path: Path) ->
 
     def stage(i: int) -> None:
         try:
-            env.node._stage_filesystem(device, str(env.kubelet / f"s{i}"), "ext4", True, [], False, {})
-        except (CsiError, OSError) as exc:
+            staging = str(env.kubelet / f"s{i}")
+            env.node.stager.stage_filesystem(device, staging, Filesystem("ext4", True, [], False, {}))
+        except (DriverError, OSError) as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=stage, args=(i,)) for i in range(6)]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from csi.errors import InvalidArgument
+from csi.failures import InvalidParameterError
 from csi.paths import check_path
 
 ROOTS = ("/var/lib/kubelet", "/srv/csi")
@@ -42,5 +42,5 @@ def test_accepted(path: str) -> None:
     ],
 )
 def test_rejected(path: str, message: str) -> None:
-    with pytest.raises(InvalidArgument, match=message):
+    with pytest.raises(InvalidParameterError, match=message):
         check_path(path, "target_path", ROOTS)

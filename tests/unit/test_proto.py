@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from google.protobuf import descriptor_pb2, text_format
@@ -57,7 +58,8 @@ def test_secret_fields_are_marked() -> None:
     from csi._proto import csi_pb2
 
     fd = csi_pb2.CreateVolumeRequest.DESCRIPTOR.fields_by_name["secrets"]
-    assert fd.GetOptions().Extensions[csi_pb2.csi_secret] is True
+    options: Any = fd.GetOptions()  # the stubs cannot type an extension lookup by a custom option
+    assert options.Extensions[csi_pb2.csi_secret] is True
 
 
 def test_committed_stubs_are_fresh(tmp_path: Path) -> None:

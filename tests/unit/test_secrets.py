@@ -57,7 +57,7 @@ def _call_all(client: CsiClient, tmp_path: Path) -> list[str]:
         try:
             return fn(req, timeout=30)  # type: ignore[operator]
         except grpc.RpcError as err:
-            messages.append(err.details() or "")  # type: ignore[attr-defined]
+            messages.append(err.details() or "")
             return None
 
     vol = attempt(

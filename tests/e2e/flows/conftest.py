@@ -34,6 +34,7 @@ AWS_REGION = "us-east-1"
 AWS_ZONE = "us-east-1a"
 AWS_SECRET = {"aws-secret": {"key_id": "testing", "access_key": "testing"}}
 FLAVORS = ("local", "ebs-standin", "aws")
+LOCAL_ATTACH_LIMIT = 3
 
 
 def storage_classes(parameters: dict[str, str]) -> list[dict[str, Any]]:
@@ -73,7 +74,10 @@ def flavor_values(flavor: str, moto: str) -> dict[str, Any]:
     if flavor == "ebs-standin":
         backend["driverName"] = "ebs.csi.aws.com"
         local["zone"] = AWS_ZONE
-    return {**common, "backend": backend, "storageClasses": storage_classes({})}
+        return {**common, "backend": backend, "storageClasses": storage_classes({})}
+    # A small attach limit, so a flow can fill the node (test_attach.py).
+    node = {**common["node"], "maxVolumesPerNode": LOCAL_ATTACH_LIMIT}
+    return {**common, "node": node, "backend": backend, "storageClasses": storage_classes({})}
 
 
 @dataclass

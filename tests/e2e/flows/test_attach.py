@@ -3,9 +3,11 @@ registered node (the scheduler's placement is played by setting spec.nodeName)."
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
-from tests.e2e.flows.conftest import AWS_ZONE, Bed
+from tests.e2e.flows.conftest import AWS_ZONE, LOCAL_ATTACH_LIMIT, Bed
 from tests.e2e.flows.helpers import backend_volume, claim, create_claim, unique, volume_handle, wait_bound
 from tests.e2e.kube import Obj, pods, volume_attachments
 from tests.e2e.kubelet import has_taint, refresh_allocatable, startup_taint_key
@@ -30,6 +32,15 @@ def attachment_of(tb: Bed, pv_name: str) -> Obj | None:
         if va["spec"]["source"].get("persistentVolumeName") == pv_name:
             return va
     return None
+
+
+def is_attached(bed: Bed, pv_name: str) -> Callable[[Obj], bool]:
+    """A `wait` condition (on the VolumeAttachment list): the PV's attachment reports attached."""
+    return lambda _: bool(((attachment_of(bed, pv_name) or {}).get("status") or {}).get("attached"))
+
+
+def is_detached(bed: Bed, pv_name: str) -> Callable[[Obj], bool]:
+    return lambda _: attachment_of(bed, pv_name) is None
 
 
 def test_node_plugin_removes_its_startup_taint(bed: Bed) -> None:
@@ -126,3 +137,53 @@ def test_full_node_answers_resource_exhausted_until_a_slot_frees(bed: Bed, names
     finally:
         for vid, device in foreign:
             bed.ec2.detach_volume(VolumeId=vid, InstanceId=instance, Device=device)
+
+
+@pytest.mark.parametrize("bed", ["local"], indirect=True)
+def test_local_node_at_its_limit_answers_resource_exhausted_until_a_volume_detaches(
+    bed: Bed, namespace: str
+) -> None:
+    """The chart gives node.maxVolumesPerNode to both pods: NodeGetInfo reports it (CSINode), and the
+    controller refuses the attach past it until a pod on the node goes."""
+    slots = refresh_allocatable(bed.kube, bed.deployment, bed.node.name)
+    assert slots == LOCAL_ATTACH_LIMIT
+    names = [unique("slot") for _ in range(slots + 1)]
+    pv_names = []
+    for name in names:
+        create_claim(bed, namespace, claim(name, "immediate"))
+        pv_names.append(wait_bound(bed, namespace, name)[1]["metadata"]["name"])
+    for name in names[:slots]:
+        bed.kube.create(pods(namespace), pod_using(name, name, bed.node.name))
+    for pv_name in pv_names[:slots]:
+        bed.kube.wait(
+            volume_attachments(),
+            is_attached(bed, pv_name),
+            ATTACH_TIMEOUT,
+            f"{pv_name} to attach",
+        )
+    last, last_pv = names[-1], pv_names[-1]
+    bed.kube.create(pods(namespace), pod_using(last, last, bed.node.name))
+    bed.kube.wait(
+        volume_attachments(),
+        lambda _: (
+            "limit" in str(((attachment_of(bed, last_pv) or {}).get("status") or {}).get("attachError", {}))
+        ),
+        ATTACH_TIMEOUT,
+        "csi-attacher to report the node's limit on the VolumeAttachment",
+    )
+    bed.kube.request("DELETE", pods(namespace, names[0]), {"gracePeriodSeconds": 0})
+    bed.kube.wait(
+        volume_attachments(),
+        is_attached(bed, last_pv),
+        ATTACH_TIMEOUT,
+        "the last volume to attach once a slot is free",
+    )
+    for name in names[1:]:
+        bed.kube.request("DELETE", pods(namespace, name), {"gracePeriodSeconds": 0})
+    for pv_name in pv_names:
+        bed.kube.wait(
+            volume_attachments(),
+            is_detached(bed, pv_name),
+            ATTACH_TIMEOUT,
+            "detach",
+        )

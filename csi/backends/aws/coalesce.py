@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from csi.backends.base import TransientError
+from csi.failures import TransientError
 
 R = TypeVar("R")
 

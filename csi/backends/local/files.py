@@ -11,7 +11,7 @@ import errno
 import fcntl
 import os
 
-from csi.backends.base import OutOfCapacityError, OutOfRangeError
+from csi.failures import OutOfCapacityError, OutOfRangeError
 
 FICLONE = 0x40049409  # _IOW(0x94, 9, int)
 _NO_REFLINK = {errno.EOPNOTSUPP, errno.ENOTTY, errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EPERM}

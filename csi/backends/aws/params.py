@@ -10,12 +10,11 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from csi import keys
-from csi.backends.base import InvalidParameterError, NotFoundError, OutOfRangeError
-
-DRIVER_NAME = "ebs.csi.aws.com"  # the CSI name of EBS, and the target of in-tree aws-ebs migration
+from csi.failures import InvalidParameterError, NotFoundError, OutOfRangeError
 
 # ---- canonical parameter keys
 TYPE = "type"
@@ -140,26 +139,44 @@ def _check_type(value: str) -> str:
 def validate(parameters: Mapping[str, str]) -> dict[str, str]:
     """Canonical, checked StorageClass parameters. Unknown keys and bad values raise
     InvalidParameterError naming the key. Format keys and `csi.storage.k8s.io/` keys pass through."""
+    out = _canonical(parameters)
+    kind = _check_type(out.get(TYPE, DEFAULT_TYPE))
+    out[TYPE] = kind
+    _check_iops(out, kind)
+    _check_throughput(out, kind)
+    for key in (ALLOW_AUTO_IOPS, ENCRYPTED):
+        if key in out:
+            out[key] = str(_bool(key, out[key])).lower()
+    if KMS_KEY_ID in out and out.get(ENCRYPTED) != "true":
+        raise InvalidParameterError(f"parameter {KMS_KEY_ID} needs {ENCRYPTED}=true")
+    return out
+
+
+def _canonical(parameters: Mapping[str, str]) -> dict[str, str]:
+    """Parameters under their canonical spelling (keys are case-insensitive); a key given twice or an
+    unknown key -> InvalidParameterError."""
     out: dict[str, str] = {}
     for key, value in parameters.items():
         lowered = key.lower()
+        if lowered in _PASS_THROUGH or lowered.startswith(keys.PREFIX_K8S):
+            out[key] = value
+            continue
+        if lowered == LEGACY_FS_TYPE:
+            continue  # the filesystem travels in the volume capability
         if lowered in _CANONICAL:
             canonical = _CANONICAL[lowered]
         elif lowered.startswith(TAG_PREFIX.lower()):
             _tag(key, value)
             canonical = TAG_PREFIX + key[len(TAG_PREFIX) :]
-        elif lowered in _PASS_THROUGH or lowered.startswith(keys.PREFIX_K8S):
-            out[key] = value
-            continue
-        elif lowered == LEGACY_FS_TYPE:
-            continue  # the filesystem travels in the volume capability
         else:
             raise InvalidParameterError(f"unknown parameter {key!r} for the EBS backend")
         if canonical in out:
             raise InvalidParameterError(f"parameter {key!r} is given twice (keys are case-insensitive)")
         out[canonical] = value.strip()
-    kind = _check_type(out.get(TYPE, DEFAULT_TYPE))
-    out[TYPE] = kind
+    return out
+
+
+def _check_iops(out: Mapping[str, str], kind: str) -> None:
     limits = VOLUME_TYPES[kind]
     if IOPS in out and IOPS_PER_GB in out:
         raise InvalidParameterError(f"parameters {IOPS} and {IOPS_PER_GB} are mutually exclusive")
@@ -174,19 +191,18 @@ def validate(parameters: Mapping[str, str]) -> dict[str, str]:
         )
     if limits.iops_required and IOPS not in out and IOPS_PER_GB not in out:
         raise InvalidParameterError(f"volume type {kind} needs parameter {IOPS} or {IOPS_PER_GB}")
-    if THROUGHPUT in out:
-        mibs = _int(THROUGHPUT, out[THROUGHPUT])
-        if limits.throughput is None:
-            raise InvalidParameterError(f"parameter {THROUGHPUT}: only gp3 volumes take a throughput")
-        low, high = limits.throughput
-        if not low <= mibs <= high:
-            raise InvalidParameterError(f"parameter {THROUGHPUT}: gp3 allows {low}..{high} MiB/s, got {mibs}")
-    for key in (ALLOW_AUTO_IOPS, ENCRYPTED):
-        if key in out:
-            out[key] = str(_bool(key, out[key])).lower()
-    if KMS_KEY_ID in out and out.get(ENCRYPTED) != "true":
-        raise InvalidParameterError(f"parameter {KMS_KEY_ID} needs {ENCRYPTED}=true")
-    return out
+
+
+def _check_throughput(out: Mapping[str, str], kind: str) -> None:
+    if THROUGHPUT not in out:
+        return
+    mibs = _int(THROUGHPUT, out[THROUGHPUT])
+    limits = VOLUME_TYPES[kind].throughput
+    if limits is None:
+        raise InvalidParameterError(f"parameter {THROUGHPUT}: only gp3 volumes take a throughput")
+    low, high = limits
+    if not low <= mibs <= high:
+        raise InvalidParameterError(f"parameter {THROUGHPUT}: gp3 allows {low}..{high} MiB/s, got {mibs}")
 
 
 def validate_mutable(parameters: Mapping[str, str]) -> dict[str, str]:
@@ -273,3 +289,30 @@ def user_tags(params: Mapping[str, str]) -> dict[str, str]:
         if params.get(key):
             tags[TAG_CREATED_FOR + suffix] = params[key]
     return tags
+
+
+def modify_arguments(
+    volume: Mapping[str, Any], size_bytes: int | None, changes: Mapping[str, str]
+) -> dict[str, Any]:
+    """ModifyVolume arguments taking the EC2 volume record to `size_bytes` (None: keep; never smaller)
+    and the validated mutable parameters `changes`; {} when it is there already. A combination the
+    volume type does not allow -> InvalidParameterError or OutOfRangeError."""
+    current = int(volume["Size"])
+    args: dict[str, Any] = {}
+    if size_bytes is not None and gib(size_bytes) > current:  # not bigger: satisfied (EBS never shrinks)
+        args["Size"] = gib(size_bytes)
+    kind = changes.get(TYPE, volume.get("VolumeType", DEFAULT_TYPE))
+    if kind != volume.get("VolumeType"):
+        args["VolumeType"] = kind
+    for key, field in ((IOPS, "Iops"), (THROUGHPUT, "Throughput")):
+        if key in changes and int(changes[key]) != volume.get(field):
+            args[field] = int(changes[key])
+    if not args:
+        return args
+    check_size(kind, int(args.get("Size", current)))
+    limits = VOLUME_TYPES[kind]
+    if "Iops" in args and not limits.max_iops:
+        raise InvalidParameterError(f"volume type {kind} has no provisioned IOPS")
+    if "Throughput" in args and limits.throughput is None:
+        raise InvalidParameterError(f"volume type {kind} takes no throughput")
+    return args

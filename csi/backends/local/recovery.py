@@ -1,123 +1,31 @@
-"""The local backend's state database: the start-up check and the `recover-state` rebuild.
-
-`check_state(data_dir)` runs before the backend opens `state.db`. It raises StateUnusable -- and the
-driver refuses to start -- when the database is unreadable or corrupt, or when it is missing or empty
-while volume or snapshot files exist (start-up reconciliation would otherwise remove every file as an
-orphan). It never changes anything in the data dir.
+"""`ballast-csi recover-state`: rebuild the local backend's state database from the files in a data dir.
 
 `recover_state(data_dir)` rebuilds `state.db` from the backing files it finds. The old database (and its
 WAL) is renamed aside, never deleted; whatever rows can still be read from it (names, creation
 arguments, mutable parameters, snapshot sources, groups, attachments) are kept for files that exist.
 A file nobody can name gets the name `recovered-<id>`. Records whose file is gone are dropped. No
-volume or snapshot file is ever removed or modified.
-
-`lock_data_dir(data_dir, holder)` is the data dir's owner lock. The process that reconciles files against
-the database (a driver serving the controller) and `recover-state` each take it, so neither can run
-beside the other or beside a second reconciler, which could remove a file the first is still creating.
+volume or snapshot file is ever removed or modified. It takes the data dir's owner lock, so it never
+runs beside a driver serving the controller from the same data dir.
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import sqlite3
 import sys
 import time
-import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from csi.backends.base import FailedPreconditionError
-from csi.backends.local_state import GroupRow, NameTaken, SnapshotRow, Store
+from csi.backends.local.layout import SNAPSHOT_ID, VOLUME_ID, Layout
+from csi.backends.local.startup import lock_data_dir, open_read_only
+from csi.backends.local.state import GroupRow, NameTaken, SnapshotRow, Store
+from csi.failures import FailedPreconditionError
 
-STATE_DB = "state.db"
-LOCK_FILE = "owner.lock"
 SIDE_FILES = ("-wal", "-shm")
 TABLES = ("volumes", "snapshots", "groups", "attachments")
-
-
-class StateUnusable(FailedPreconditionError):
-    """The state database cannot be trusted; the message names the recovery command."""
-
-
-def lock_data_dir(data_dir: str, holder: str) -> int:
-    """Take the owner lock of `data_dir` for `holder` (a word for the message); returns the fd whose
-    closing releases it (so does the process's death). Raises FailedPreconditionError, naming the
-    holder and its pid, when another process has the lock."""
-    fd = os.open(os.path.join(data_dir, LOCK_FILE), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        owner = os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown process"
-        os.close(fd)
-        raise FailedPreconditionError(
-            f"data dir {data_dir} is in use by {owner}; stop it first, or give this process its own "
-            "--data-dir"
-        ) from None
-    except BaseException:
-        os.close(fd)
-        raise
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"ballast-csi {holder} (pid {os.getpid()})\n".encode(), 0)
-    return fd
-
-
-def _images(directory: str) -> list[str]:
-    try:
-        return sorted(e for e in os.listdir(directory) if e.endswith(".img"))
-    except FileNotFoundError:
-        return []
-
-
-def _advice(data_dir: str) -> str:
-    return (
-        f"no volume file was touched. Stop every driver using {data_dir}, then rebuild the state from the "
-        f"files with `ballast-csi recover-state --data-dir {data_dir}` (see docs/recovery.md)"
-    )
-
-
-def _open_read_only(db: str, timeout: float) -> sqlite3.Connection:
-    """A connection that cannot write `db`, whatever characters its path holds."""
-    uri = f"file://{urllib.parse.quote(os.path.abspath(db))}?mode=ro"
-    return sqlite3.connect(uri, uri=True, timeout=timeout)
-
-
-def check_state(data_dir: str) -> None:
-    """Raise StateUnusable when `<data_dir>/state.db` must not be opened as it is. Read-only."""
-    db = os.path.join(data_dir, STATE_DB)
-    files = _images(os.path.join(data_dir, "volumes")) + _images(os.path.join(data_dir, "snapshots"))
-    try:
-        empty = os.path.getsize(db) == 0
-    except FileNotFoundError:
-        empty = True
-    if empty:
-        if files:
-            raise StateUnusable(
-                f"state database {db} is missing or empty, but the data dir holds {len(files)} volume or "
-                f"snapshot file(s); refusing to start, because they would be taken for orphans and removed; "
-                + _advice(data_dir)
-            )
-        return
-    try:
-        con = _open_read_only(db, timeout=30.0)
-        try:
-            verdict = [str(r[0]) for r in con.execute("PRAGMA quick_check").fetchall()]
-            tables = {str(r[0]) for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        finally:
-            con.close()
-    except sqlite3.Error as exc:
-        raise StateUnusable(f"state database {db} is unreadable ({exc}); " + _advice(data_dir)) from exc
-    if verdict != ["ok"]:
-        raise StateUnusable(
-            f"state database {db} is corrupt ({'; '.join(verdict[:3])}); " + _advice(data_dir)
-        )
-    if files and "volumes" not in tables:
-        raise StateUnusable(
-            f"state database {db} has no volume table, but the data dir holds {len(files)} volume or "
-            "snapshot file(s); " + _advice(data_dir)
-        )
 
 
 # ---------------------------------------------------------------------------- rebuild
@@ -140,7 +48,7 @@ def salvage(db: str) -> Salvage:
     if not os.path.exists(db) or os.path.getsize(db) == 0:
         return out
     try:
-        con = _open_read_only(db, timeout=5.0)
+        con = open_read_only(db, timeout=5.0)
     except sqlite3.Error as exc:
         out.problems.append(f"cannot open the old database: {exc}")
         return out
@@ -200,27 +108,26 @@ class Report:
 def recover_state(data_dir: str, now: Callable[[], float] = time.time) -> Report:
     """Rebuild `<data_dir>/state.db` from the files in volumes/ and snapshots/ (see the module doc).
     Refuses (FailedPreconditionError) while a driver holds the data dir."""
-    volumes_dir, snapshots_dir = os.path.join(data_dir, "volumes"), os.path.join(data_dir, "snapshots")
-    if not os.path.isdir(volumes_dir):
-        raise FailedPreconditionError(f"{volumes_dir} does not exist; is {data_dir} a Ballast data dir?")
-    owner = lock_data_dir(data_dir, "recover-state")
+    layout = Layout(data_dir)
+    if not os.path.isdir(layout.volumes_dir):
+        raise FailedPreconditionError(
+            f"{layout.volumes_dir} does not exist; is {data_dir} a Ballast data dir?"
+        )
+    owner = lock_data_dir(layout, "recover-state")
     try:
-        return _rebuild(data_dir, volumes_dir, snapshots_dir, now)
+        return _rebuild(layout, now)
     finally:
         os.close(owner)
 
 
-def _rebuild(data_dir: str, volumes_dir: str, snapshots_dir: str, now: Callable[[], float]) -> Report:
-    from csi.backends.local import SNAPSHOT_ID, VOLUME_ID  # local imports this module
-
-    db = os.path.join(data_dir, STATE_DB)
-    old = salvage(db)
+def _rebuild(layout: Layout, now: Callable[[], float]) -> Report:
+    old = salvage(layout.state_db)
     report = Report(problems=list(old.problems))
-    report.kept_as = _move_aside(db, time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now())))
-    store = Store(db)
+    report.kept_as = _move_aside(layout.state_db, time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now())))
+    store = Store(layout.state_db)
     try:
-        vol_ids = _recover_volumes(store, volumes_dir, old, report, VOLUME_ID.fullmatch)
-        snap_ids = _recover_snapshots(store, snapshots_dir, old, report, SNAPSHOT_ID.fullmatch)
+        vol_ids = _recover_volumes(store, layout.volumes_dir, old, report, VOLUME_ID.fullmatch)
+        snap_ids = _recover_snapshots(store, layout.snapshots_dir, old, report, SNAPSHOT_ID.fullmatch)
         for a in old.attachments:
             if a.get("volume_id") in vol_ids:
                 store.attach(
@@ -242,8 +149,8 @@ def _recover_volumes(
     store: Store, directory: str, old: Salvage, report: Report, valid: Callable[[str], object]
 ) -> set[str]:
     done: set[str] = set()
-    for entry in _images(directory):
-        vid = entry.removesuffix(".img")
+    for entry in Layout.images(directory):
+        vid = Layout.id_of(entry)
         if not valid(vid):
             report.ignored.append(os.path.join(directory, entry))
             continue
@@ -276,8 +183,8 @@ def _recover_snapshots(
     store: Store, directory: str, old: Salvage, report: Report, valid: Callable[[str], object]
 ) -> set[str]:
     rows: dict[str, SnapshotRow] = {}
-    for entry in _images(directory):
-        sid = entry.removesuffix(".img")
+    for entry in Layout.images(directory):
+        sid = Layout.id_of(entry)
         if not valid(sid):
             report.ignored.append(os.path.join(directory, entry))
             continue
@@ -319,7 +226,7 @@ def run_recover(data_dir: str, out: TextIO = sys.stdout) -> int:
         print(f"ballast-csi recover-state: {exc}", file=sys.stderr)
         return 1
     print(
-        f"rebuilt {os.path.join(data_dir, STATE_DB)}: {r.volumes} volume(s) ({r.named} with their "
+        f"rebuilt {Layout(data_dir).state_db}: {r.volumes} volume(s) ({r.named} with their "
         f"original names), {r.snapshots} snapshot(s), {r.groups} group snapshot(s), "
         f"{r.attachments} attachment(s)",
         file=out,

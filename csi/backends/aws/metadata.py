@@ -16,7 +16,7 @@ import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from csi.backends.base import FailedPreconditionError
+from csi.failures import FailedPreconditionError
 
 log = logging.getLogger("ballast.aws")
 

@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, NamedTuple
 
-from csi.backends.base import FailedPreconditionError, LimitExceededError, NotFoundError, OutOfCapacityError
+from csi.failures import FailedPreconditionError, LimitExceededError, NotFoundError, OutOfCapacityError
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS volumes (
@@ -153,6 +153,13 @@ class Store:
     def volume(self, volume_id: str) -> VolumeRow | None:
         rows = self._read("SELECT * FROM volumes WHERE id = ?", (volume_id,))
         return _volume(rows[0]) if rows else None
+
+    def existing_volume(self, volume_id: str) -> VolumeRow:
+        """The volume's row; missing -> NotFoundError."""
+        row = self.volume(volume_id)
+        if row is None:
+            raise NotFoundError(f"volume {volume_id} not found")
+        return row
 
     def volume_by_name(self, name: str) -> VolumeRow | None:
         rows = self._read("SELECT * FROM volumes WHERE name = ?", (name,))

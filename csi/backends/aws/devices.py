@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from csi import keys
-from csi.backends.base import FailedPreconditionError, LimitExceededError, NotFoundError
+from csi.failures import FailedPreconditionError, LimitExceededError, NotFoundError
 
 BY_ID_PREFIX = "nvme-Amazon_Elastic_Block_Store_"
 DEVICE_PREFIX = "/dev/xvd"

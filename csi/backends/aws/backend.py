@@ -1,0 +1,289 @@
+"""AWS EBS backend: EC2 volumes, snapshots and attachments through an injected boto3 client.
+
+The work is split by resource: volumes.py (create, clone; idempotent by the `CSIVolumeName` tag and a
+name-derived client token), attachments.py, snapshots.py, zones.py (placement), records.py (EC2 records
+as Disk/Snapshot). Handles are EC2 ids; the in-tree forms `aws://zone/vol-...` and `aws:///vol-...` are
+accepted everywhere and normalised to `vol-...` (params.volume_id). Every EC2 request goes through
+ec2.Ec2 (throttling retried, error codes mapped once).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Self
+
+from csi import keys
+from csi.backends.aws import params as P
+from csi.backends.aws import records
+from csi.backends.aws.attachments import Attacher
+from csi.backends.aws.coalesce import Coalescer, Modification
+from csi.backends.aws.devices import DeviceFinder
+from csi.backends.aws.ec2 import Backoff, Ec2
+from csi.backends.aws.metadata import Imds, Placement, free_attach_slots, resolve_placement
+from csi.backends.aws.snapshots import EbsSnapshots
+from csi.backends.aws.volumes import LIVE_VOLUME_STATES, VolumeCreator
+from csi.backends.aws.zones import Zones
+from csi.backends.base import (
+    Backend,
+    BackendCapabilities,
+    Disk,
+    DiskOptions,
+    GiB,
+    NodeIdentity,
+    Page,
+    Snapshot,
+)
+from csi.failures import DriverError, FailedPreconditionError
+
+if TYPE_CHECKING:
+    from csi.config import Config
+
+DEFAULT_DRIVER_NAME = "ebs.csi.aws.com"
+# Volumes ListVolumes reports: made by this driver or by the in-tree plugin (its PV tag).
+LISTED_TAG_KEYS = [P.TAG_VOLUME_NAME, P.TAG_CREATED_FOR + "pv/name"]
+
+log = logging.getLogger("ballast.aws")
+
+
+def capabilities(zone_key: str, max_volumes: int) -> BackendCapabilities:
+    """What EBS offers, in whole GiB."""
+    return BackendCapabilities(
+        snapshots=True,
+        clone=True,
+        expand_online=True,
+        expand_offline=True,
+        attach_required=True,
+        block_multi_attach=True,
+        list_volumes=True,
+        list_snapshots=True,
+        modify_volume=True,
+        volume_condition=True,
+        topology_keys=(zone_key, keys.WELL_KNOWN_ZONE),
+        size_granularity=GiB,
+        min_size=GiB,
+        default_size=100 * GiB,
+        max_volumes_per_node=max_volumes,
+    )
+
+
+class AwsBackend(Backend):
+    """EBS through boto3. The client is injected; `from_config` builds the production one."""
+
+    default_driver_name = DEFAULT_DRIVER_NAME
+
+    def __init__(
+        self,
+        client: Any,
+        *,
+        driver_name: str = DEFAULT_DRIVER_NAME,
+        zone: str = "",
+        node_id: str = "",
+        max_volumes: int = 0,
+        imds: Imds | None = None,
+        controller: bool = True,
+        device_finder: DeviceFinder | None = None,
+        modify_window: float = 2.0,
+        backoff: Backoff | None = None,
+        wait_timeout: float = 300.0,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.ec2 = Ec2(client, backoff, sleep, wait_timeout)
+        self.zone_key = keys.topology_zone_key(driver_name)
+        self._zone = "" if zone == "local" else zone
+        self._node_id = node_id
+        self._max_volumes = max_volumes
+        self._imds = imds
+        self._controller = controller
+        self._devices = device_finder or DeviceFinder()
+        self._creator = VolumeCreator(self.ec2, Zones(self.ec2, self.zone_key, zone), self.zone_key)
+        self._attacher = Attacher(self.ec2, max_volumes)
+        self._snapshots = EbsSnapshots(self.ec2)
+        self._modifier: Coalescer[Disk] = Coalescer(self._apply_modification, modify_window, sleep)
+        self._placement: Placement | None = None
+        self.capabilities = capabilities(self.zone_key, max_volumes)
+
+    @classmethod
+    def from_config(cls, config: Config) -> Self:
+        """Client for `--aws-region` / `--aws-endpoint-url` with the standard credential chain; retries
+        are ours (ec2.Ec2), so botocore's own are off."""
+        import boto3
+        from botocore.config import Config as BotoConfig
+
+        imds = None if os.environ.get("AWS_EC2_METADATA_DISABLED", "").lower() == "true" else Imds()
+        session = boto3.session.Session()
+        region = config.backend.aws_region or session.region_name or ""
+        if not region and imds is not None:
+            with contextlib.suppress(DriverError):
+                region = imds.get("placement/region")
+        if not region:
+            if config.runs_controller:
+                raise FailedPreconditionError(
+                    "aws backend: no region; give --aws-region (or AWS_REGION), or run where instance "
+                    "metadata answers"
+                )
+            region = "us-east-1"  # a node-only process never calls EC2; the client just needs a region
+        client = session.client(
+            "ec2",
+            region_name=region or None,
+            endpoint_url=config.backend.aws_endpoint_url or None,
+            config=BotoConfig(
+                retries={"total_max_attempts": 1},
+                connect_timeout=5,
+                read_timeout=30,
+                user_agent_extra="ballast-csi",
+            ),
+        )
+        return cls(
+            client,
+            driver_name=config.backend.driver_name,
+            zone=config.backend.zone,
+            node_id=config.node.node_id,
+            max_volumes=config.node.max_volumes_per_node,
+            imds=imds,
+            controller=config.runs_controller,
+        )
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def probe(self) -> bool:
+        """Controller: one cheap EC2 call proves endpoint and credentials (FailedPreconditionError if
+        not). Node only: always ready (nodes need no EC2 access)."""
+        if self._controller:
+            self.ec2.zones()
+        return True
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.ec2.client.close()
+
+    def _disk(self, volume: Mapping[str, Any]) -> Disk:
+        return records.to_disk(volume, self.zone_key)
+
+    # ------------------------------------------------------------------ parameters
+
+    def validate_parameters(self, parameters: Mapping[str, str]) -> dict[str, str]:
+        return P.validate(parameters)
+
+    def validate_mutable_parameters(self, parameters: Mapping[str, str]) -> dict[str, str]:
+        return P.validate_mutable(parameters)
+
+    # ------------------------------------------------------------------ volumes
+
+    def create_volume(self, name: str, options: DiskOptions) -> Disk:
+        """Idempotent by name (tag lookup under a per-name lock, then a name-derived client token)."""
+        return self._creator.create(name, options)
+
+    def delete_volume(self, volume_id: str) -> None:
+        """Missing -> NotFoundError; attached -> FailedPreconditionError."""
+        self.ec2.call("delete_volume", VolumeId=P.volume_id(volume_id))
+
+    def get_volume(self, volume_id: str) -> Disk:
+        return self._disk(self.ec2.describe_volume(P.volume_id(volume_id)))
+
+    def list_volumes(self, max_entries: int = 0, starting_token: str = "") -> Page[Disk]:
+        """Volumes made by this driver or the in-tree plugin, with the nodes they are attached to."""
+        volumes: dict[str, dict[str, Any]] = {}
+        for tag_key in LISTED_TAG_KEYS:  # one query per key: some endpoints do not OR tag-key values
+            for volume in self.ec2.describe_all(
+                "describe_volumes",
+                "Volumes",
+                Filters=[
+                    {"Name": "tag-key", "Values": [tag_key]},
+                    {"Name": "status", "Values": LIVE_VOLUME_STATES},
+                ],
+            ):
+                volumes[volume["VolumeId"]] = volume
+        page = records.page(list(volumes.values()), lambda v: str(v["VolumeId"]), max_entries, starting_token)
+        return Page(items=[self._disk(v) for v in page.items], next_token=page.next_token)
+
+    def expand_volume(self, volume_id: str, size_bytes: int) -> int:
+        """Grow to whole GiB, coalesced with a concurrent modify into one ModifyVolume. Already that big
+        -> current size, no modification. Missing -> NotFoundError."""
+        return self._modifier.submit(P.volume_id(volume_id), size_bytes=size_bytes).size_bytes
+
+    def modify_volume(self, volume_id: str, mutable_parameters: Mapping[str, str]) -> Disk:
+        """Change type/iops/throughput, coalesced with a concurrent resize into one ModifyVolume."""
+        return self._modifier.submit(P.volume_id(volume_id), parameters=mutable_parameters)
+
+    def _apply_modification(self, vid: str, change: Modification) -> Disk:
+        """One ModifyVolume for a coalesced batch, waited for until EC2 reports it optimizing."""
+        volume = self.ec2.describe_volume(vid)
+        args = P.modify_arguments(volume, change.size_bytes, change.parameters)
+        if not args:
+            return self._disk(volume)
+        self.ec2.call("modify_volume", VolumeId=vid, **args)
+
+        def settled() -> dict[str, Any] | None:
+            mods = self.ec2.call("describe_volumes_modifications", VolumeIds=[vid]).get(
+                "VolumesModifications", []
+            )
+            state = mods[-1].get("ModificationState", "completed") if mods else "completed"
+            if state == "failed":
+                raise DriverError(f"EBS failed to modify volume {vid}: {mods[-1].get('StatusMessage', '')}")
+            return self.ec2.describe_volume(vid) if state in ("optimizing", "completed") else None
+
+        disk = self._disk(self.ec2.poll(f"modification of {vid}", settled))
+        if "Size" in args and disk.size_bytes < args["Size"] * GiB:  # EC2 lags behind a resize
+            disk = disk._replace(size_bytes=args["Size"] * GiB)
+        return disk
+
+    # ------------------------------------------------------------------ attachment (attachments.py)
+
+    def attach(self, volume_id: str, node_id: str, readonly: bool) -> dict[str, str]:
+        return self._attacher.attach(P.volume_id(volume_id), node_id, readonly)
+
+    def detach(self, volume_id: str, node_id: str) -> None:
+        self._attacher.detach(P.volume_id(volume_id), node_id)
+
+    # ------------------------------------------------------------------ snapshots (snapshots.py)
+
+    def create_snapshot(self, name: str, source_volume_id: str, parameters: Mapping[str, str]) -> Snapshot:
+        return self._snapshots.create(name, source_volume_id, parameters)
+
+    def delete_snapshot(self, snapshot_id: str) -> None:
+        self._snapshots.delete(snapshot_id)
+
+    def get_snapshot(self, snapshot_id: str) -> Snapshot:
+        return self._snapshots.get(snapshot_id)
+
+    def list_snapshots(
+        self,
+        *,
+        snapshot_id: str = "",
+        source_volume_id: str = "",
+        max_entries: int = 0,
+        starting_token: str = "",
+    ) -> Page[Snapshot]:
+        return self._snapshots.page(snapshot_id, source_volume_id, max_entries, starting_token)
+
+    # ------------------------------------------------------------------ node side
+
+    def _where(self) -> Placement:
+        if self._placement is None:
+            self._placement = resolve_placement(self._imds, self._node_id, self._zone, self._max_volumes)
+        return self._placement
+
+    def node_identity(self) -> NodeIdentity:
+        """Instance id, zone (both zone keys) and attach limit; overrides first, then IMDSv2. Without an
+        override the limit is recomputed on every call (free_attach_slots): NodeGetInfo reports the
+        slots free now, and kubelet re-reads it (CSIDriver nodeAllocatableUpdatePeriodSeconds)."""
+        where = self._where()
+        max_volumes = where.max_volumes
+        if where.instance_type and self._imds is not None:
+            try:
+                max_volumes = free_attach_slots(self._imds, where.instance_type)
+            except FailedPreconditionError as exc:
+                log.warning("attach limit not recomputed, keeping %d: %s", max_volumes, exc)
+        return NodeIdentity(
+            node_id=where.node_id,
+            max_volumes=max_volumes,
+            topology=records.topology(self.zone_key, where.zone),
+        )
+
+    def resolve_device(self, volume_id: str, publish_context: Mapping[str, str]) -> str:
+        """The attached device whose NVMe serial names the volume (or the named Xen device)."""
+        return self._devices.find(P.volume_id(volume_id), publish_context)

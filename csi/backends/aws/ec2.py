@@ -1,0 +1,141 @@
+"""The one call site of the EC2 API: every request of the aws backend goes through `Ec2.call`, which
+retries throttling and server-side failures with capped exponential backoff and jitter, surfaces them as
+TransientError (UNAVAILABLE, so the sidecar retries later) once the retries are spent, and maps every
+other EC2 error code through errors.AWS_ERRORS. The describe/poll helpers every part of the backend uses
+live here too.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    ConnectionError,
+    HTTPClientError,
+    NoCredentialsError,
+    ParamValidationError,
+)
+from botocore.parsers import ResponseParserError
+
+from csi import failures
+from csi.backends.aws.errors import RETRIED_CODES, UnsupportedActionError, error_code, translate
+
+log = logging.getLogger("ballast.aws")
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Capped exponential backoff with full jitter; `attempts` counts the first try."""
+
+    attempts: int = 6
+    initial: float = 0.2
+    maximum: float = 5.0
+
+    def delays(self) -> list[float]:
+        return [random.uniform(0, min(self.maximum, self.initial * 2**i)) for i in range(self.attempts - 1)]
+
+
+class Ec2:
+    """A boto3 EC2 client behind one call site: retries, then maps errors.
+
+    `sleep` is injectable so tests can count back-off without waiting; `wait_timeout` bounds `poll`.
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        backoff: Backoff | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+        wait_timeout: float = 300.0,
+    ) -> None:
+        self.client = client
+        self.backoff = backoff or Backoff()
+        self.wait_timeout = wait_timeout
+        self._sleep = sleep
+        self.retries = 0  # throttled / failed attempts that were retried (for tests and metrics)
+
+    def call(self, operation: str, **params: Any) -> dict[str, Any]:
+        """Invoke `client.<operation>(**params)` (operation in snake_case) and return the response."""
+        method = getattr(self.client, operation)
+        delays = self.backoff.delays()
+        while True:
+            try:
+                response: dict[str, Any] = method(**params)
+                return response
+            except ClientError as exc:
+                if error_code(exc) not in RETRIED_CODES or not delays:
+                    raise translate(exc, operation) from exc
+                log.info("EC2 %s: %s, retrying", operation, error_code(exc))
+            except (ConnectionError, HTTPClientError) as exc:
+                if not delays:
+                    raise failures.TransientError(f"EC2 {operation}: endpoint unreachable: {exc}") from exc
+                log.info("EC2 %s: %s, retrying", operation, exc)
+            except NoCredentialsError as exc:
+                raise failures.FailedPreconditionError(f"EC2 {operation}: no AWS credentials found") from exc
+            except ParamValidationError as exc:
+                raise failures.InvalidParameterError(f"EC2 {operation}: {exc}") from exc
+            except ResponseParserError as exc:
+                raise UnsupportedActionError(
+                    f"EC2 {operation}: the endpoint answered with something that is not an EC2 response"
+                ) from exc
+            except BotoCoreError as exc:
+                raise failures.DriverError(f"EC2 {operation}: {exc}") from exc
+            self.retries += 1
+            self._sleep(delays.pop(0))
+
+    def describe_all(self, operation: str, key: str, **params: Any) -> list[dict[str, Any]]:
+        """Every item of a listing, following EC2's NextToken."""
+        items: list[dict[str, Any]] = []
+        token = ""
+        while True:
+            response = self.call(operation, **params, **({"NextToken": token} if token else {}))
+            items.extend(response.get(key, []))
+            token = response.get("NextToken", "")
+            if not token:
+                return items
+
+    def describe_volume(self, vid: str) -> dict[str, Any]:
+        """The EC2 record of one volume; missing or being deleted -> NotFoundError."""
+        volumes = self.call("describe_volumes", VolumeIds=[vid]).get("Volumes", [])
+        if not volumes or volumes[0].get("State") in ("deleting", "deleted"):
+            raise failures.NotFoundError(f"volume {vid} not found")
+        volume: dict[str, Any] = volumes[0]
+        return volume
+
+    def describe_snapshot(self, sid: str) -> dict[str, Any]:
+        """The EC2 record of one snapshot; missing -> NotFoundError."""
+        snaps = self.call("describe_snapshots", SnapshotIds=[sid]).get("Snapshots", [])
+        if not snaps:
+            raise failures.NotFoundError(f"snapshot {sid} not found")
+        snap: dict[str, Any] = snaps[0]
+        return snap
+
+    def zones(self) -> list[str]:
+        """The available zones of the region, sorted."""
+        available = [{"Name": "state", "Values": ["available"]}]
+        response = self.call("describe_availability_zones", Filters=available)
+        return sorted(z["ZoneName"] for z in response.get("AvailabilityZones", []))
+
+    def poll(self, what: str, check: Callable[[], T | None]) -> T:
+        """Call `check` with growing pauses until it returns non-None; TransientError after
+        `wait_timeout` seconds (the operation goes on in EC2; a retry finds it)."""
+        deadline = time.monotonic() + self.wait_timeout
+        delay = 0.05
+        while True:
+            result = check()
+            if result is not None:
+                return result
+            if time.monotonic() >= deadline:
+                raise failures.TransientError(
+                    f"timed out waiting for {what}; the operation continues in EC2, retry"
+                )
+            self._sleep(delay)
+            delay = min(delay * 2, 2.0)

@@ -1,0 +1,86 @@
+"""EC2 error codes mapped once to the csi.failures errors the CSI error table expects (`AWS_ERRORS`), and
+which of them ec2.Ec2 retries before giving up (`RETRIED_CODES`)."""
+
+from __future__ import annotations
+
+from botocore.exceptions import ClientError
+
+from csi import failures
+
+
+class UnsupportedActionError(failures.DriverError):
+    """The endpoint does not implement this action (an older region, a partition, or an emulator)."""
+
+
+# EC2 error code -> error class. Codes not listed become a plain DriverError (INTERNAL).
+AWS_ERRORS: dict[str, type[failures.DriverError]] = {
+    # missing or malformed ids (a malformed id is "not found" by the Backend contract)
+    "InvalidVolume.NotFound": failures.NotFoundError,
+    "InvalidVolumeID.Malformed": failures.NotFoundError,
+    "InvalidSnapshot.NotFound": failures.NotFoundError,
+    "InvalidSnapshotID.Malformed": failures.NotFoundError,
+    "InvalidID": failures.NotFoundError,
+    "InvalidInstanceID.NotFound": failures.NotFoundError,
+    "InvalidInstanceID.Malformed": failures.NotFoundError,
+    "InvalidAttachment.NotFound": failures.NotFoundError,
+    # bad input
+    "InvalidParameterValue": failures.InvalidParameterError,
+    "InvalidParameterCombination": failures.InvalidParameterError,
+    "InvalidParameter": failures.InvalidParameterError,
+    "InvalidParameterDependency": failures.InvalidParameterError,
+    "MissingParameter": failures.InvalidParameterError,
+    "UnknownParameter": failures.InvalidParameterError,
+    "InvalidKMSKey.Id": failures.InvalidParameterError,
+    "InvalidTagKey.Malformed": failures.InvalidParameterError,
+    "InvalidNextToken": failures.InvalidTokenError,
+    "InvalidPaginationToken": failures.InvalidTokenError,
+    # idempotency: the client token was used before with other arguments
+    "IdempotentParameterMismatch": failures.AlreadyExistsError,
+    # state
+    "VolumeInUse": failures.FailedPreconditionError,
+    "IncorrectState": failures.FailedPreconditionError,
+    "InvalidVolume.ZoneMismatch": failures.FailedPreconditionError,
+    "InvalidSnapshot.InUse": failures.FailedPreconditionError,
+    "IncorrectInstanceState": failures.FailedPreconditionError,
+    "UnauthorizedOperation": failures.FailedPreconditionError,
+    "AuthFailure": failures.FailedPreconditionError,
+    "OptInRequired": failures.FailedPreconditionError,
+    # a modification is still running (EBS allows one per volume at a time): try again later
+    "IncorrectModificationState": failures.TransientError,
+    # quotas and placement
+    "VolumeLimitExceeded": failures.LimitExceededError,
+    "AttachmentLimitExceeded": failures.LimitExceededError,
+    "SnapshotLimitExceeded": failures.LimitExceededError,
+    "MaxIOPSLimitExceeded": failures.LimitExceededError,
+    "InsufficientVolumeCapacity": failures.OutOfCapacityError,
+    "InvalidZone.NotFound": failures.OutOfCapacityError,
+    # the endpoint lacks the action
+    "InvalidAction": UnsupportedActionError,
+    "UnsupportedOperation": UnsupportedActionError,
+    "NotImplemented": UnsupportedActionError,
+    # retried first, then TransientError
+    "RequestLimitExceeded": failures.TransientError,
+    "Throttling": failures.TransientError,
+    "ThrottlingException": failures.TransientError,
+    "RequestThrottled": failures.TransientError,
+    "ServiceUnavailable": failures.TransientError,
+    "Unavailable": failures.TransientError,
+    "InternalError": failures.TransientError,
+    "InternalFailure": failures.TransientError,
+}
+
+RETRIED_CODES = frozenset(code for code, klass in AWS_ERRORS.items() if klass is failures.TransientError) - {
+    "IncorrectModificationState"
+}
+
+
+def error_code(exc: ClientError) -> str:
+    return str(exc.response.get("Error", {}).get("Code", ""))
+
+
+def translate(exc: ClientError, operation: str) -> failures.DriverError:
+    """The backend error for an EC2 ClientError; the message names the operation and EC2's reason."""
+    code = error_code(exc)
+    message = exc.response.get("Error", {}).get("Message", "") or code
+    klass = AWS_ERRORS.get(code, failures.DriverError)
+    return klass(f"EC2 {operation}: {code}: {message}")

@@ -1,0 +1,237 @@
+"""Creating EBS volumes: from nothing, from a snapshot, or as a clone, idempotent by name.
+
+A volume is found again by its `CSIVolumeName` tag (looked up under a per-name lock), and CreateVolume
+carries a client token derived from the name, so neither a retry nor a concurrent duplicate creates a
+second volume. Clones stay in their source's zone: CopyVolumes where the endpoint has it, else a
+temporary snapshot restored into the new volume.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from csi.backends.aws import params as P
+from csi.backends.aws import records
+from csi.backends.aws.ec2 import Ec2
+from csi.backends.aws.errors import UnsupportedActionError
+from csi.backends.aws.records import TAG_CONTEXT_PREFIX, TAG_SOURCE_VOLUME, tag_spec
+from csi.backends.aws.zones import Zones
+from csi.backends.base import ContentSource, Disk, DiskOptions, GiB, SourceKind
+from csi.failures import (
+    AlreadyExistsError,
+    DriverError,
+    InvalidParameterError,
+    NotFoundError,
+    OutOfCapacityError,
+    OutOfRangeError,
+    TransientError,
+)
+from csi.keylocks import KeyedLocks
+
+log = logging.getLogger("ballast.aws")
+LIVE_VOLUME_STATES = ["creating", "available", "in-use", "error"]
+
+
+def client_token(name: str, attempt: int = 0) -> str:
+    """CreateVolume ClientToken for a volume name (64 hex chars, EC2's limit). `attempt` > 0 derives a
+    fresh token when EC2 answers an old one with a volume that has since been deleted."""
+    seed = name if attempt == 0 else f"{name}\x00{attempt}"
+    return hashlib.sha256(seed.encode()).hexdigest()
+
+
+def create_parameters(options: DiskOptions) -> dict[str, str]:
+    """The StorageClass parameters with the mutable ones applied on top (explicit iops wins)."""
+    params = dict(options.parameters)
+    if P.IOPS in options.mutable_parameters:
+        params.pop(P.IOPS_PER_GB, None)
+    params.update(options.mutable_parameters)
+    params.setdefault(P.TYPE, P.DEFAULT_TYPE)
+    return params
+
+
+class VolumeCreator:
+    """The CreateVolume path of the aws backend."""
+
+    def __init__(self, ec2: Ec2, zones: Zones, zone_key: str) -> None:
+        self._ec2 = ec2
+        self._zones = zones
+        self._zone_key = zone_key
+        self._locks = KeyedLocks()
+        self._copy_volumes = True  # False once the endpoint answered that it lacks CopyVolumes
+
+    def create(self, name: str, options: DiskOptions) -> Disk:
+        """Idempotent by name: the existing volume when compatible, else AlreadyExistsError."""
+        params = create_parameters(options)
+        with self._locks.hold(name):
+            existing = self._find_by_name(name)
+            if existing is not None:
+                self._check_compatible(existing, name, options, params)
+                return self._disk(self.wait_available(existing["VolumeId"]))
+            return self._create(name, options, params)
+
+    def _disk(self, volume: Mapping[str, Any]) -> Disk:
+        return records.to_disk(volume, self._zone_key)
+
+    def _find_by_name(self, name: str) -> dict[str, Any] | None:
+        volumes = self._ec2.describe_all(
+            "describe_volumes",
+            "Volumes",
+            Filters=[
+                {"Name": f"tag:{P.TAG_VOLUME_NAME}", "Values": [name]},
+                {"Name": "status", "Values": LIVE_VOLUME_STATES},
+            ],
+        )
+        if not volumes:
+            return None
+        return min(volumes, key=lambda v: (v.get("CreateTime") or 0, v["VolumeId"]))
+
+    def _check_compatible(
+        self, volume: Mapping[str, Any], name: str, options: DiskOptions, params: Mapping[str, str]
+    ) -> None:
+        disk = self._disk(volume)
+        problems = []
+        if disk.size_bytes != P.gib(options.size_bytes) * GiB:
+            problems.append(f"size {disk.size_bytes} bytes")
+        if volume.get("VolumeType") != params.get(P.TYPE, P.DEFAULT_TYPE):
+            problems.append(f"type {volume.get('VolumeType')}")
+        wanted = options.source
+        if wanted is not None and wanted.kind is SourceKind.VOLUME:
+            wanted = ContentSource(SourceKind.VOLUME, P.volume_id(wanted.id))
+        if wanted != disk.source:
+            problems.append(f"source {disk.source.id if disk.source else 'none'}")
+        allowed = self._zones.requisite(options)
+        if allowed is not None and volume["AvailabilityZone"] not in allowed:
+            problems.append(f"zone {volume['AvailabilityZone']}")
+        if dict(options.context) != dict(disk.volume_context):
+            problems.append(f"volume context {dict(disk.volume_context)}")
+        if problems:
+            raise AlreadyExistsError(
+                f"volume {name!r} already exists as {volume['VolumeId']} with different {', '.join(problems)}"
+            )
+
+    def _create(self, name: str, options: DiskOptions, params: dict[str, str]) -> Disk:
+        size_gib = P.gib(options.size_bytes)
+        args = P.create_arguments(params, size_gib)
+        if options.multi_node:
+            if params[P.TYPE] not in P.MULTI_ATTACH_TYPES:
+                raise InvalidParameterError(
+                    f"multi-node access needs EBS Multi-Attach: type io2 (or io1), not {params[P.TYPE]}"
+                )
+            args["MultiAttachEnabled"] = True
+        tags = {
+            P.TAG_VOLUME_NAME: name,
+            P.TAG_DRIVER: "true",
+            **P.user_tags(params),
+            **{TAG_CONTEXT_PREFIX + k: v for k, v in options.context.items()},
+        }
+        source = options.source
+        if source is not None and source.kind is SourceKind.VOLUME:
+            return self._clone(name, P.volume_id(source.id), options, args, tags)
+        if source is not None:
+            snap = records.to_snapshot(self._ec2.describe_snapshot(P.snapshot_id(source.id)))
+            if snap.size_bytes > size_gib * GiB:
+                raise OutOfRangeError(
+                    f"snapshot {snap.id} holds {snap.size_bytes} bytes, "
+                    f"more than the requested {size_gib} GiB"
+                )
+            args["SnapshotId"] = snap.id
+        return self._create_in(self._zones.pick(options), name, args, tags)
+
+    def _create_in(self, zone: str, name: str, args: dict[str, object], tags: dict[str, str]) -> Disk:
+        """CreateVolume with the name's client token; a token EC2 answers with a deleted volume is
+        burned, so the next attempt derives a fresh one."""
+        for attempt in range(3):
+            created = self._ec2.call(
+                "create_volume",
+                AvailabilityZone=zone,
+                ClientToken=client_token(name, attempt),
+                TagSpecifications=tag_spec("volume", tags),
+                **args,
+            )
+            if created.get("State") not in ("deleting", "deleted"):
+                with contextlib.suppress(NotFoundError):  # gone at once: the token was burned
+                    return self._disk(self.wait_available(created["VolumeId"]))
+            log.info(
+                "client token of %r answered with deleted volume %s; new token", name, created["VolumeId"]
+            )
+        raise TransientError(f"EC2 keeps returning deleted volumes for {name!r}; retry later")
+
+    def _clone(
+        self, name: str, source_id: str, options: DiskOptions, args: dict[str, object], tags: dict[str, str]
+    ) -> Disk:
+        """Clones stay in the source's zone: CopyVolumes, else snapshot + restore."""
+        source = self._ec2.describe_volume(source_id)
+        allowed = self._zones.requisite(options)
+        if allowed is not None and source["AvailabilityZone"] not in allowed:
+            raise OutOfCapacityError(
+                f"a clone of {source_id} must be in its zone {source['AvailabilityZone']}, "
+                f"which the requested topology excludes"
+            )
+        if int(source["Size"]) > int(str(args["Size"])):
+            raise OutOfRangeError(
+                f"volume {source_id} is {source['Size']} GiB, larger than the requested {args['Size']} GiB"
+            )
+        tags = {**tags, TAG_SOURCE_VOLUME: source_id}
+        vid = ""
+        if self._copy_volumes:
+            try:
+                copied = self._ec2.call(
+                    "copy_volumes",
+                    SourceVolumeId=source_id,
+                    ClientToken=client_token(name),
+                    TagSpecifications=tag_spec("volume", tags),
+                    **args,
+                )
+                vid = copied["Volumes"][0]["VolumeId"]
+            except UnsupportedActionError as exc:
+                log.warning("CopyVolumes unavailable at this endpoint (%s); cloning via snapshots", exc)
+                self._copy_volumes = False
+        if not vid:
+            vid = self._clone_via_snapshot(name, source, args, tags)
+        return self._disk(self.wait_available(vid))
+
+    def _clone_via_snapshot(
+        self, name: str, source: Mapping[str, Any], args: dict[str, object], tags: dict[str, str]
+    ) -> str:
+        snap = self._ec2.call(
+            "create_snapshot",
+            VolumeId=source["VolumeId"],
+            Description=f"clone of {source['VolumeId']} for {name}",
+            TagSpecifications=tag_spec("snapshot", {P.TAG_DRIVER: "true"}),
+        )
+        sid = snap["SnapshotId"]
+        try:
+            self._ec2.poll(f"snapshot {sid}", lambda: True if self._snapshot_ready(sid) else None)
+            created = self._ec2.call(
+                "create_volume",
+                AvailabilityZone=source["AvailabilityZone"],
+                SnapshotId=sid,
+                ClientToken=client_token(name),
+                TagSpecifications=tag_spec("volume", tags),
+                **args,
+            )
+        finally:
+            with contextlib.suppress(DriverError):
+                self._ec2.call("delete_snapshot", SnapshotId=sid)
+        return str(created["VolumeId"])
+
+    def _snapshot_ready(self, sid: str) -> bool:
+        return records.to_snapshot(self._ec2.describe_snapshot(sid)).ready
+
+    def wait_available(self, vid: str) -> dict[str, Any]:
+        """The volume's record once EC2 reports it available (or in use). A volume EC2 failed to create
+        is deleted and reported (INTERNAL: the caller's retry creates it anew)."""
+
+        def check() -> dict[str, Any] | None:
+            volume = self._ec2.describe_volume(vid)
+            if volume["State"] == "error":
+                with contextlib.suppress(DriverError):
+                    self._ec2.call("delete_volume", VolumeId=vid)
+                raise DriverError(f"EBS could not create volume {vid} (state error); it was deleted, retry")
+            return volume if volume["State"] in ("available", "in-use") else None
+
+        return self._ec2.poll(f"volume {vid} to become available", check)

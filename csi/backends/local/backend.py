@@ -1,0 +1,386 @@
+"""The embedded default backend: volumes are sparse files in the data dir, attached through loop devices.
+
+Layout and id formats: layout.py. Snapshots, clones and restores are block-sharing copies (files.copy).
+Ids are generated in a fixed format and checked on every call: anything else is NotFoundError before
+any file is touched.
+
+Durability: a backing file is written before its record is committed, and a record is deleted before its
+file, so start-up reconciliation (startup.reconcile) can remove files without a record (an interrupted
+create or delete) and grow files shorter than their record (an interrupted expand). A record whose file
+vanished is reported as an abnormal condition.
+
+Parameters: params.py. Snapshots and group snapshots: snapshots.py. Loop devices (the node side):
+devices.py. What happens before a data dir is served: startup.py.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping, Sequence
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Self
+
+from csi import keys
+from csi.backends.base import (
+    Backend,
+    BackendCapabilities,
+    ContentSource,
+    Disk,
+    DiskOptions,
+    GroupSnapshot,
+    NodeIdentity,
+    Page,
+    Snapshot,
+    SourceKind,
+)
+from csi.backends.local import files, params, records, startup
+from csi.backends.local.devices import LoopDevices
+from csi.backends.local.layout import (
+    VOLUME_TOKEN,
+    VOLUME_TOKEN_PREFIX,
+    Layout,
+    new_id,
+    page_start,
+    volume_prefix,
+)
+from csi.backends.local.snapshots import LocalSnapshots
+from csi.backends.local.state import AttachmentRow, NameTaken, Store, VolumeRow
+from csi.backends.local.topology import Segment
+from csi.failures import (
+    AlreadyExistsError,
+    FailedPreconditionError,
+    NotFoundError,
+    OutOfCapacityError,
+    OutOfRangeError,
+)
+from csi.keylocks import KeyedLocks
+
+if TYPE_CHECKING:
+    from csi.config import Config
+
+DEFAULT_DRIVER_NAME = "local.csi.ballast.dev"
+DEFAULT_MAX_VOLUMES = 128  # loop devices are cheap; kernels allow far more
+
+
+def capabilities(topology_keys: tuple[str, ...], max_volumes: int) -> BackendCapabilities:
+    """Everything a data dir of files and loop devices can do."""
+    return BackendCapabilities(
+        snapshots=True,
+        clone=True,
+        expand_online=True,
+        expand_offline=True,
+        attach_required=True,
+        block_multi_attach=True,
+        get_capacity=True,
+        modify_volume=True,
+        group_snapshots=True,
+        volume_condition=True,
+        single_node_multi_writer=True,
+        topology_keys=topology_keys,
+        max_volumes_per_node=max_volumes,
+    )
+
+
+class LocalBackend(Backend):
+    """Volumes of one data dir. Build it with `open` (or `from_config`); the constructor has no side
+    effects and takes the already opened state."""
+
+    default_driver_name = DEFAULT_DRIVER_NAME
+
+    def __init__(
+        self,
+        layout: Layout,
+        store: Store,
+        *,
+        owner: int | None = None,
+        driver_name: str = DEFAULT_DRIVER_NAME,
+        zone: str = "local",
+        region: str = "",
+        capacity_bytes: int = 0,
+        node_id: str = "",
+        max_volumes_per_node: int = 0,
+        loop: ModuleType | Any = None,
+    ) -> None:
+        self.layout = layout
+        self.store = store
+        self._owner = owner  # the owner-lock fd of a reconciling process, closed by close()
+        self.capacity_limit = capacity_bytes
+        self.node_id = node_id
+        self.max_volumes = max_volumes_per_node or DEFAULT_MAX_VOLUMES
+        self.volume_prefix = volume_prefix(driver_name)
+        self._params = params.Parameters(driver_name)
+        self._segment = Segment(driver_name, zone, region)
+        self.topology = self._segment.labels
+        self.capabilities = capabilities(tuple(self.topology), self.max_volumes)
+        self._devices = LoopDevices(loop)
+        self._locks = KeyedLocks()
+        self._snapshots = LocalSnapshots(layout, store, self._locks)
+
+    @classmethod
+    def open(cls, data_dir: str, *, reconcile: bool = True, **options: Any) -> Self:
+        """Create the data dir if needed, check and open its state, and (`reconcile`) take the owner lock
+        and reconcile the files with the state. Only one process may reconcile: a second could remove a
+        file the first is creating. `options` are the constructor's keywords."""
+        layout = Layout(data_dir)
+        layout.create()
+        owner = startup.lock_data_dir(layout, "controller") if reconcile else None
+        store = None
+        try:
+            startup.check_state(layout)  # unreadable, or lost while files exist: refuse rather than reconcile
+            store = Store(layout.state_db)
+            if reconcile:
+                startup.reconcile(layout, store)
+        except BaseException:
+            if store is not None:
+                store.close()
+            if owner is not None:
+                os.close(owner)
+            raise
+        return cls(layout, store, owner=owner, **options)
+
+    @classmethod
+    def from_config(cls, config: Config) -> Self:
+        """Reconciles files against the database only in a process serving the controller: a node-only
+        process sharing the data dir must not remove a file the controller is creating."""
+        b, n = config.backend, config.node
+        return cls.open(
+            b.data_dir,
+            reconcile=config.runs_controller,
+            driver_name=b.driver_name,
+            zone=b.zone,
+            region=b.region,
+            capacity_bytes=b.capacity_bytes,
+            node_id=n.node_id,
+            max_volumes_per_node=n.max_volumes_per_node,
+        )
+
+    # ---- lifecycle
+
+    def volume_path(self, volume_id: str) -> str:
+        """Backing file of a volume id; a malformed id -> NotFoundError."""
+        return self.layout.volume_file(volume_id)
+
+    def _row(self, volume_id: str) -> VolumeRow:
+        self.layout.volume_file(volume_id)
+        return self.store.existing_volume(volume_id)
+
+    def probe(self) -> bool:
+        if not os.access(self.layout.volumes_dir, os.W_OK):
+            raise FailedPreconditionError(f"data dir {self.layout.volumes_dir} is not writable")
+        return True
+
+    def close(self) -> None:
+        self.store.close()
+        if self._owner is not None:
+            os.close(self._owner)
+            self._owner = None
+
+    def validate_parameters(self, parameters: Mapping[str, str]) -> dict[str, str]:
+        return self._params.validate(parameters)
+
+    def validate_mutable_parameters(self, parameters: Mapping[str, str]) -> dict[str, str]:
+        return self._params.validate_mutable(parameters)
+
+    # ---- volumes
+
+    def _existing(self, row: VolumeRow, wanted: dict[str, Any]) -> Disk:
+        records.check_same(row, wanted)
+        return self._disk(row)
+
+    def _check_room(self, options: DiskOptions) -> None:
+        """A requisite segment this data dir serves, and room under --capacity."""
+        self._segment.check_requisite(options.requisite)
+        used = self.store.provisioned_bytes() if self.capacity_limit else 0
+        if self.capacity_limit and used + options.size_bytes > self.capacity_limit:
+            raise OutOfCapacityError(
+                f"{options.size_bytes} bytes requested, {max(0, self.capacity_limit - used)} of the "
+                f"--capacity limit {self.capacity_limit} left"
+            )
+
+    def _source_file(self, source: ContentSource, size: int) -> tuple[str, str]:
+        """(path, volume id to lock) of a content source; missing -> NotFound, bigger -> OutOfRange."""
+        if source.kind is SourceKind.SNAPSHOT:
+            path = self.layout.snapshot_file(source.id)
+            snap = self.store.snapshot(source.id)
+            if snap is None:
+                raise NotFoundError(f"source snapshot {source.id} not found")
+            src_size, lock = snap.size, ""
+        else:
+            row = self._row(source.id)
+            path, src_size, lock = self.volume_path(source.id), row.size, source.id
+        if src_size > size:
+            raise OutOfRangeError(
+                f"source {source.kind.value} {source.id} is {src_size} bytes, "
+                f"larger than the requested {size}"
+            )
+        return path, lock
+
+    def _write_file(self, path: str, options: DiskOptions) -> None:
+        """The new volume's backing file: sparse, or a copy of its content source."""
+        if options.source is None:
+            files.create_sparse(path, options.size_bytes)
+            return
+        src, lock = self._source_file(options.source, options.size_bytes)
+        with self._locks.hold(*([lock] if lock else [])):
+            try:
+                files.copy(src, path, options.size_bytes)
+            except FileNotFoundError as exc:
+                raise FailedPreconditionError(
+                    f"the backing file of source {options.source.id} is missing"
+                ) from exc
+
+    def create_volume(self, name: str, options: DiskOptions) -> Disk:
+        spec = records.spec(options)
+        row = self.store.volume_by_name(name)
+        if row is not None:
+            return self._existing(row, spec)
+        self._check_room(options)
+        self._params.check_size(options.parameters, options.size_bytes)
+        volume_id = new_id(self.volume_prefix)
+        path = self.volume_path(volume_id)
+        self._write_file(path, options)  # the file first: reconcile removes it if no record follows
+        try:
+            row = self.store.insert_volume(
+                volume_id,
+                name,
+                options.size_bytes,
+                spec,
+                dict(options.mutable_parameters),
+                time.time(),
+                capacity_limit=self.capacity_limit,
+            )
+        except OutOfCapacityError:
+            files.remove(path)
+            raise
+        except NameTaken:
+            files.remove(path)
+            winner = self.store.volume_by_name(name)
+            if winner is None:  # the winner was deleted meanwhile; the caller may retry
+                raise AlreadyExistsError(
+                    f"volume {name!r} is being created and deleted concurrently"
+                ) from None
+            return self._existing(winner, spec)
+        return self._disk(row)
+
+    def delete_volume(self, volume_id: str) -> None:
+        path = self.volume_path(volume_id)
+        with self._locks.hold(volume_id):
+            self.store.delete_volume(volume_id)
+            files.remove(path)
+
+    def _disk(self, row: VolumeRow, attachments: Sequence[AttachmentRow] | None = None) -> Disk:
+        if attachments is None:
+            attachments = self.store.attachments([row.id]).get(row.id, [])
+        return records.to_disk(row, attachments, self.volume_path(row.id), self.topology)
+
+    def get_volume(self, volume_id: str) -> Disk:
+        return self._disk(self._row(volume_id))
+
+    def list_volumes(self, max_entries: int = 0, starting_token: str = "") -> Page[Disk]:
+        after = page_start(starting_token, VOLUME_TOKEN)
+        rows = self.store.volumes(after, max_entries + 1 if max_entries else -1)
+        more = bool(max_entries) and len(rows) > max_entries
+        rows = rows[:max_entries] if max_entries else rows
+        atts = self.store.attachments([r.id for r in rows]) if rows else {}
+        disks = tuple(self._disk(r, atts.get(r.id, [])) for r in rows)
+        return Page(items=disks, next_token=f"{VOLUME_TOKEN_PREFIX}{rows[-1].seq}" if more else "")
+
+    def expand_volume(self, volume_id: str, size_bytes: int) -> int:
+        path = self.volume_path(volume_id)
+        with self._locks.hold(volume_id):
+            row = self._row(volume_id)
+            if size_bytes <= row.size:
+                return row.size
+            if self.capacity_limit:
+                used = self.store.provisioned_bytes()
+                if used - row.size + size_bytes > self.capacity_limit:
+                    raise OutOfRangeError(f"growing to {size_bytes} bytes would exceed the --capacity limit")
+            self.store.set_size(volume_id, size_bytes)  # record first: reconcile finishes a torn expand
+            try:
+                files.grow(path, size_bytes)
+            except FileNotFoundError as exc:
+                raise FailedPreconditionError(f"the backing file of {volume_id} is missing") from exc
+            except OutOfRangeError:
+                self.store.set_size(volume_id, row.size)  # the file cannot grow that far: undo the record
+                raise
+            return size_bytes
+
+    def modify_volume(self, volume_id: str, mutable_parameters: Mapping[str, str]) -> Disk:
+        with self._locks.hold(volume_id):
+            row = self._row(volume_id)
+            self.store.set_mutable(volume_id, {**row.mutable, **mutable_parameters})
+            return self.get_volume(volume_id)
+
+    def get_capacity(self, parameters: Mapping[str, str], topology: Mapping[str, str] | None) -> int:
+        if topology and not self._segment.serves(topology):
+            return 0
+        free = files.free_bytes(self.layout.volumes_dir)
+        if self.capacity_limit:
+            free = min(free, self.capacity_limit - self.store.provisioned_bytes())
+        return max(0, free)
+
+    # ---- attachment
+
+    def attach(self, volume_id: str, node_id: str, readonly: bool) -> dict[str, str]:
+        path = self.volume_path(volume_id)
+        row = self._row(volume_id)
+        if node_id != self.node_id:
+            raise NotFoundError(f"node {node_id!r} not found (this data dir serves node {self.node_id!r})")
+        multi_node = bool(row.spec.get("multi_node"))
+        try:
+            self.store.attach(volume_id, node_id, readonly, multi_node=multi_node, limit=self.max_volumes)
+        except ValueError:
+            raise AlreadyExistsError(
+                f"volume {volume_id} is already published to {node_id} with readonly={not readonly}"
+            ) from None
+        return {keys.PC_VOLUME_FILE: path}
+
+    def detach(self, volume_id: str, node_id: str) -> None:
+        self._row(volume_id)
+        self.store.detach(volume_id, node_id)
+
+    # ---- snapshots (snapshots.py)
+
+    def create_snapshot(self, name: str, source_volume_id: str, parameters: Mapping[str, str]) -> Snapshot:
+        return self._snapshots.create(name, source_volume_id, parameters)
+
+    def delete_snapshot(self, snapshot_id: str) -> None:
+        self._snapshots.delete(snapshot_id)
+
+    def get_snapshot(self, snapshot_id: str) -> Snapshot:
+        return self._snapshots.get(snapshot_id)
+
+    def list_snapshots(
+        self,
+        *,
+        snapshot_id: str = "",
+        source_volume_id: str = "",
+        max_entries: int = 0,
+        starting_token: str = "",
+    ) -> Page[Snapshot]:
+        return self._snapshots.page(snapshot_id, source_volume_id, max_entries, starting_token)
+
+    def create_group_snapshot(
+        self, name: str, volume_ids: Sequence[str], parameters: Mapping[str, str]
+    ) -> GroupSnapshot:
+        return self._snapshots.create_group(name, volume_ids, parameters)
+
+    def delete_group_snapshot(self, group_id: str) -> None:
+        self._snapshots.delete_group(group_id)
+
+    def get_group_snapshot(self, group_id: str) -> GroupSnapshot:
+        return self._snapshots.get_group(group_id)
+
+    # ---- node side
+
+    def node_identity(self) -> NodeIdentity:
+        return NodeIdentity(node_id=self.node_id, max_volumes=self.max_volumes, topology=dict(self.topology))
+
+    def resolve_device(self, volume_id: str, publish_context: Mapping[str, str]) -> str:
+        """Attach (or reuse) a loop device over the volume's file and prove it maps that file."""
+        path = self.volume_path(volume_id)
+        return self._devices.resolve(volume_id, path, self._row(volume_id).size, publish_context)
+
+    def release_device(self, volume_id: str) -> None:
+        self._devices.release(self.volume_path(volume_id))

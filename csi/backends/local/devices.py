@@ -1,0 +1,51 @@
+"""The node side of the local backend: a volume's loop device, attached over its backing file.
+
+`resolve` attaches (or reuses) a loop device, refreshes its size when the file grew, and proves the
+device maps that file before returning it; `release` detaches every loop device over the file. The
+loop module is injectable (csi.loop by default, imported on first use) so unit tests need no root.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from types import ModuleType
+from typing import Any
+
+from csi import keys
+from csi.backends.local import files
+from csi.failures import FailedPreconditionError
+
+
+class LoopDevices:
+    def __init__(self, loop: ModuleType | Any = None) -> None:
+        self._loop = loop
+
+    def _module(self) -> Any:
+        if self._loop is None:
+            from csi import loop
+
+            self._loop = loop
+        return self._loop
+
+    def resolve(self, volume_id: str, path: str, size: int, publish_context: Mapping[str, str]) -> str:
+        """The verified loop device of the volume whose backing file is `path` and size `size`."""
+        expected = publish_context.get(keys.PC_VOLUME_FILE)
+        if expected and os.path.realpath(expected) != os.path.realpath(path):
+            raise FailedPreconditionError(
+                f"publish context names {expected!r}, but volume {volume_id} lives in {path}"
+            )
+        if files.size_of(path) is None:
+            raise FailedPreconditionError(f"the backing file of {volume_id} is missing")
+        loop = self._module()
+        device: str = loop.attach(path)
+        if loop.device_size(device) < size:
+            loop.refresh_capacity(device)
+        backing = loop.backing_file(device)
+        if backing is None or os.path.realpath(backing) != os.path.realpath(path):
+            raise FailedPreconditionError(f"loop device {device} maps {backing!r}, not volume {volume_id}")
+        return device
+
+    def release(self, path: str) -> None:
+        """Detach every loop device over `path`. Idempotent."""
+        self._module().detach_file(path)

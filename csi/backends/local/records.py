@@ -1,0 +1,66 @@
+"""Volume records of the local backend as Disk values: what a row of the state database plus its
+backing file say about a volume, and the creation arguments compared when a name is created again."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from csi import keys
+from csi.backends.base import Attachment, Condition, ContentSource, Disk, DiskOptions, SourceKind
+from csi.backends.local import files
+from csi.backends.local.state import AttachmentRow, VolumeRow
+from csi.failures import AlreadyExistsError
+
+
+def spec(options: DiskOptions) -> dict[str, Any]:
+    """The creation arguments recorded with a volume and compared for idempotency."""
+    src = options.source
+    return {
+        "size": options.size_bytes,
+        "parameters": dict(options.parameters),
+        "context": dict(options.context),
+        "mutable": dict(options.mutable_parameters),
+        "source": [src.kind.value, src.id] if src else None,
+        "multi_node": options.multi_node,
+    }
+
+
+def check_same(row: VolumeRow, wanted: dict[str, Any]) -> None:
+    """A second create of the name must ask for what the first did (AlreadyExistsError otherwise)."""
+    if row.spec != wanted:
+        differs = sorted(k for k in wanted if row.spec.get(k) != wanted[k])
+        raise AlreadyExistsError(
+            f"volume {row.name!r} already exists ({row.id}) with a different {', '.join(differs)}"
+        )
+
+
+def condition(row: VolumeRow, path: str) -> Condition:
+    """Abnormal when the backing file is missing or shorter than the volume."""
+    size = files.size_of(path)
+    if size is None:
+        return Condition(abnormal=True, message=f"backing file of {row.id} is missing")
+    if size < row.size:
+        return Condition(abnormal=True, message=f"backing file is {size} bytes, expected {row.size}")
+    return Condition()
+
+
+def to_disk(
+    row: VolumeRow, attachments: Sequence[AttachmentRow], path: str, topology: Mapping[str, str]
+) -> Disk:
+    """The Disk of a volume row whose backing file is `path`."""
+    src = row.spec.get("source")
+    return Disk(
+        id=row.id,
+        name=row.name,
+        size_bytes=row.size,
+        topology=dict(topology),
+        parameters={**row.spec.get("parameters", {}), **row.mutable},
+        volume_context=dict(row.spec.get("context", {})),
+        source=ContentSource(SourceKind(src[0]), src[1]) if src else None,
+        attachments=tuple(
+            Attachment(a.node_id, a.readonly, {keys.PC_VOLUME_FILE: path}) for a in attachments
+        ),
+        condition=condition(row, path),
+        multi_node=bool(row.spec.get("multi_node")),
+    )

@@ -1,0 +1,123 @@
+"""What a process does before it serves a local data dir: take the owner lock, check that the state
+database can be trusted, and reconcile the files with it.
+
+`lock_data_dir(layout, holder)` is the data dir's owner lock. The process that reconciles files against
+the database (a driver serving the controller) and `recover-state` each take it, so neither can run
+beside the other or beside a second reconciler, which could remove a file the first is still creating.
+
+`check_state(layout)` runs before the backend opens `state.db`. It raises StateUnusable -- and the driver
+refuses to start -- when the database is unreadable or corrupt, or when it is missing or empty while
+volume or snapshot files exist (reconciliation would otherwise remove every file as an orphan). It never
+changes anything in the data dir.
+
+`reconcile(layout, store)` finishes what a crash interrupted: a backing file is written before its
+record is committed and a record deleted before its file, so files without a record are removed
+(an interrupted create or delete) and files shorter than their record are grown (an interrupted expand).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import sqlite3
+import urllib.parse
+
+from csi.backends.local import files
+from csi.backends.local.layout import SNAPSHOT_ID, VOLUME_ID, Layout
+from csi.backends.local.state import Store
+from csi.failures import FailedPreconditionError, OutOfRangeError
+
+
+class StateUnusable(FailedPreconditionError):
+    """The state database cannot be trusted; the message names the recovery command."""
+
+
+def lock_data_dir(layout: Layout, holder: str) -> int:
+    """Take the owner lock for `holder` (a word for the message); returns the fd whose closing releases
+    it (so does the process's death). Raises FailedPreconditionError, naming the holder and its pid,
+    when another process has the lock."""
+    fd = os.open(layout.lock_file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        owner = os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown process"
+        os.close(fd)
+        raise FailedPreconditionError(
+            f"data dir {layout.data_dir} is in use by {owner}; stop it first, or give this process its own "
+            "--data-dir"
+        ) from None
+    except BaseException:
+        os.close(fd)
+        raise
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"ballast-csi {holder} (pid {os.getpid()})\n".encode(), 0)
+    return fd
+
+
+def _advice(data_dir: str) -> str:
+    return (
+        f"no volume file was touched. Stop every driver using {data_dir}, then rebuild the state from the "
+        f"files with `ballast-csi recover-state --data-dir {data_dir}` (see docs/recovery.md)"
+    )
+
+
+def open_read_only(db: str, timeout: float) -> sqlite3.Connection:
+    """A connection that cannot write `db`, whatever characters its path holds."""
+    uri = f"file://{urllib.parse.quote(os.path.abspath(db))}?mode=ro"
+    return sqlite3.connect(uri, uri=True, timeout=timeout)
+
+
+def check_state(layout: Layout) -> None:
+    """Raise StateUnusable when the state database must not be opened as it is. Read-only."""
+    db, data_dir = layout.state_db, layout.data_dir
+    images = layout.images(layout.volumes_dir) + layout.images(layout.snapshots_dir)
+    try:
+        empty = os.path.getsize(db) == 0
+    except FileNotFoundError:
+        empty = True
+    if empty:
+        if images:
+            raise StateUnusable(
+                f"state database {db} is missing or empty, but the data dir holds {len(images)} volume or "
+                f"snapshot file(s); refusing to start, because they would be taken for orphans and removed; "
+                + _advice(data_dir)
+            )
+        return
+    try:
+        con = open_read_only(db, timeout=30.0)
+        try:
+            verdict = [str(r[0]) for r in con.execute("PRAGMA quick_check").fetchall()]
+            tables = {str(r[0]) for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        finally:
+            con.close()
+    except sqlite3.Error as exc:
+        raise StateUnusable(f"state database {db} is unreadable ({exc}); " + _advice(data_dir)) from exc
+    if verdict != ["ok"]:
+        raise StateUnusable(
+            f"state database {db} is corrupt ({'; '.join(verdict[:3])}); " + _advice(data_dir)
+        )
+    if images and "volumes" not in tables:
+        raise StateUnusable(
+            f"state database {db} has no volume table, but the data dir holds {len(images)} volume or "
+            "snapshot file(s); " + _advice(data_dir)
+        )
+
+
+def reconcile(layout: Layout, store: Store) -> None:
+    """Remove backing files without a committed record; grow files shorter than their record."""
+    for directory, known, pattern in (
+        (layout.volumes_dir, store.volume_ids(), VOLUME_ID),
+        (layout.snapshots_dir, store.snapshot_ids(), SNAPSHOT_ID),
+    ):
+        for entry in os.listdir(directory):
+            stem = layout.id_of(entry)
+            if not (entry != stem and pattern.fullmatch(stem) and stem in known):
+                files.remove(os.path.join(directory, entry))
+    for row in store.volumes():
+        path = layout.volume_file(row.id)
+        size = files.size_of(path)
+        if size is not None and size < row.size:
+            try:
+                files.grow(path, row.size)
+            except OutOfRangeError:  # an expand past the largest file, torn before its undo
+                store.set_size(row.id, size)

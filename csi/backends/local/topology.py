@@ -1,0 +1,33 @@
+"""The topology segment a local data dir serves (its zone, optionally a region) and which requested
+segments it satisfies: its own keys, plus the well-known and legacy labels that in-tree translation
+and operators use."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from csi import keys
+from csi.failures import OutOfCapacityError
+
+
+class Segment:
+    def __init__(self, driver_name: str, zone: str, region: str = "") -> None:
+        self.labels = {keys.topology_zone_key(driver_name): zone}
+        if region:
+            self.labels[keys.topology_region_key(driver_name)] = region
+        self._accepted = {
+            **dict.fromkeys((keys.WELL_KNOWN_ZONE, keys.LEGACY_ZONE), zone),
+            **dict.fromkeys((keys.WELL_KNOWN_REGION, keys.LEGACY_REGION), region),
+            **self.labels,
+        }
+
+    def serves(self, segment: Mapping[str, str]) -> bool:
+        """True when every key of a requested segment names this data dir's zone/region."""
+        return all(v and self._accepted.get(k) == v for k, v in segment.items())
+
+    def check_requisite(self, requisite: Sequence[Mapping[str, str]]) -> None:
+        """A volume can be placed here only when some requisite segment (if any) is served."""
+        if requisite and not any(self.serves(s) for s in requisite):
+            raise OutOfCapacityError(
+                f"no requisite topology segment is served by this data dir (it serves {self.labels})"
+            )

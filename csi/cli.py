@@ -1,0 +1,47 @@
+"""The `ballast-csi` command: serve the driver (the default), or run one of its subcommands.
+
+`main(argv)` parses the command line (csi/config.py), sets up logging and dispatches: no subcommand ->
+csi.server.run; `demo` -> csi.demo; `recover-state` -> the local backend's recovery. Start-up failures
+end with one line on stderr and exit code 1, never a traceback.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import sys
+from collections.abc import Sequence
+
+from csi import logs
+from csi.config import parse_args
+
+log = logging.getLogger("ballast.server")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    config, ns = parse_args(argv)
+    logs.setup(config.server.log_format, config.server.log_level)
+    if ns.command is not None:
+        gc.enable()  # only the server's start-up is worth holding collection off for
+    if ns.command == "demo":
+        from csi.demo import run_demo
+
+        return run_demo(ns)
+    if ns.command == "recover-state":
+        from csi.backends.local.recovery import run_recover
+
+        return run_recover(ns.recover_data_dir or config.backend.data_dir)
+    from csi.server import run
+
+    try:
+        return run(config)
+    except SystemExit:
+        raise
+    except Exception as exc:
+        log.error("start-up failed: %s", exc, exc_info=config.server.log_level == "debug")
+        print(f"ballast-csi: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,159 @@
+"""Block devices on this host: identity (device numbers, partitions, sysfs), size, read-only flag, and
+what a filesystem on them reports. Every node-side stager uses these; nothing here mounts or formats.
+
+Contracts:
+- `rdev(path)` raises FailedPreconditionError when `path` is not a block device.
+- `belongs(numbers, device)` is True for the device itself and for its partitions; never raises.
+- `fs_size` reads a superblock and returns None rather than guessing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import os
+import stat
+import struct
+from typing import NamedTuple
+
+from csi.failures import FailedPreconditionError
+from csi.filesystems import EXT_TYPES
+
+DeviceNumbers = tuple[int, int]
+BLKROSET, BLKROGET = 0x125D, 0x125E
+
+
+def partition_path(device: str, number: int) -> str:
+    """/dev/loop0 + 1 -> /dev/loop0p1; /dev/xvdf + 1 -> /dev/xvdf1; 0 -> the device itself."""
+    if number == 0:
+        return device
+    return f"{device}p{number}" if device[-1].isdigit() else f"{device}{number}"
+
+
+def rdev(path: str) -> DeviceNumbers:
+    """(major, minor) of the block device at `path`."""
+    st = os.stat(path)
+    if not stat.S_ISBLK(st.st_mode):
+        raise FailedPreconditionError(f"{path} is not a block device")
+    return os.major(st.st_rdev), os.minor(st.st_rdev)
+
+
+def is_block_device(path: str) -> bool:
+    try:
+        return stat.S_ISBLK(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
+def belongs(numbers: DeviceNumbers, device: str) -> bool:
+    """True when device numbers `numbers` are `device` or one of its partitions."""
+    try:
+        if numbers == rdev(device):
+            return True
+    except (OSError, FailedPreconditionError):
+        return False
+    sys_path = os.path.realpath(f"/sys/dev/block/{numbers[0]}:{numbers[1]}")
+    parent = os.path.basename(os.path.dirname(sys_path))
+    return os.path.exists(os.path.join(sys_path, "partition")) and parent == os.path.basename(
+        os.path.realpath(device)
+    )
+
+
+def whole_device(device: str) -> str:
+    """/dev/loop0p1 -> /dev/loop0 (the disk a partition belongs to); a whole disk -> itself."""
+    real = os.path.realpath(device)
+    sys_path = os.path.realpath(f"/sys/class/block/{os.path.basename(real)}")
+    if os.path.exists(os.path.join(sys_path, "partition")):
+        return "/dev/" + os.path.basename(os.path.dirname(sys_path))
+    return real
+
+
+def devtmpfs_numbers(device: str) -> tuple[DeviceNumbers, str]:
+    """How a bind-mounted device node shows in mountinfo: the /dev filesystem and /<name> as root."""
+    real = os.path.realpath(device)
+    st = os.stat(os.path.dirname(real))
+    return (os.major(st.st_dev), os.minor(st.st_dev)), "/" + os.path.relpath(real, "/dev")
+
+
+def device_size(device: str) -> int:
+    """Size of a block device (or file) in bytes."""
+    fd = os.open(device, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return os.lseek(fd, 0, os.SEEK_END)
+    finally:
+        os.close(fd)
+
+
+def device_readonly(device: str) -> bool:
+    """The kernel's read-only flag of a block device (BLKROGET)."""
+    fd = os.open(device, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        value = ctypes.c_int(0)
+        fcntl.ioctl(fd, BLKROGET, value)
+        return bool(value.value)
+    finally:
+        os.close(fd)
+
+
+def set_device_readonly(device: str, readonly: bool) -> None:
+    """Set the kernel's read-only flag of a block device (BLKROSET): writes through any node fail."""
+    fd = os.open(device, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        fcntl.ioctl(fd, BLKROSET, ctypes.c_int(1 if readonly else 0))
+    finally:
+        os.close(fd)
+
+
+def fs_size(device: str, fs_type: str) -> int | None:
+    """Filesystem size in bytes from its superblock (ext*, xfs); None when unreadable or unknown."""
+    try:
+        fd = os.open(device, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if fs_type in EXT_TYPES:
+            return _ext_size(os.pread(fd, 1024, 1024))
+        if fs_type == "xfs":
+            return _xfs_size(os.pread(fd, 16, 0))
+        return None
+    finally:
+        os.close(fd)
+
+
+def _ext_size(sb: bytes) -> int | None:
+    if len(sb) < 0x158 or struct.unpack_from("<H", sb, 0x38)[0] != 0xEF53:
+        return None
+    lo, log_block = struct.unpack_from("<I", sb, 0x4)[0], struct.unpack_from("<I", sb, 0x18)[0]
+    incompat = struct.unpack_from("<I", sb, 0x60)[0]
+    hi = struct.unpack_from("<I", sb, 0x150)[0] if incompat & 0x80 else 0
+    return int(((hi << 32) | lo) * (1024 << log_block))
+
+
+def _xfs_size(sb: bytes) -> int | None:
+    if len(sb) < 16 or sb[:4] != b"XFSB":
+        return None
+    block, dblocks = struct.unpack_from(">IQ", sb, 4)
+    return int(block * dblocks)
+
+
+class Usage(NamedTuple):
+    """What statvfs reports for a mounted filesystem."""
+
+    total_bytes: int
+    available_bytes: int
+    used_bytes: int
+    total_inodes: int
+    free_inodes: int
+    used_inodes: int
+
+
+def usage(path: str) -> Usage:
+    st = os.statvfs(path)
+    return Usage(
+        total_bytes=st.f_blocks * st.f_frsize,
+        available_bytes=st.f_bavail * st.f_frsize,
+        used_bytes=(st.f_blocks - st.f_bfree) * st.f_frsize,
+        total_inodes=st.f_files,
+        free_inodes=st.f_ffree,
+        used_inodes=st.f_files - st.f_ffree,
+    )

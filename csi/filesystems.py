@@ -1,0 +1,250 @@
+"""The filesystems the node creates, and the allow-lists of what a request may ask of them: fs types,
+mount flags, and mkfs options. Pure checks: nothing here runs a program or touches a device.
+
+Each check raises InvalidParameterError naming the value and what is allowed; values that pass are
+safe to place in an argv list (they never reach a shell).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+
+from csi import keys
+from csi.failures import InvalidParameterError
+from csi.values import Parser, boolean, checked, power_of_two, whole
+
+FS_TYPES = ("ext4", "ext3", "xfs")
+DEFAULT_FS_TYPE = "ext4"
+EXT_TYPES = frozenset({"ext3", "ext4"})
+
+
+def parse_fs_type(value: str) -> str:
+    """A filesystem the node can create, in any case: ext4, ext3 or xfs (ValueError otherwise)."""
+    fs = value.strip().lower()
+    if fs not in FS_TYPES:
+        raise ValueError(f"one of {', '.join(FS_TYPES)}")
+    return fs
+
+
+def check_fs_type(value: str, what: str = "fs type") -> str:
+    """The filesystem to use: '' -> ext4; anything else outside ext4/ext3/xfs -> InvalidParameterError."""
+    if not value:
+        return DEFAULT_FS_TYPE
+    try:
+        return parse_fs_type(value)
+    except ValueError:
+        raise InvalidParameterError(
+            f"{what} {value!r} is not supported; use one of {', '.join(FS_TYPES)}"
+        ) from None
+
+
+# ---------------------------------------------------------------------------- mount flags
+
+# VFS flags: name -> (MS_* bits to set, bits to clear). Valid for every filesystem and for bind mounts.
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_SYNCHRONOUS, MS_REMOUNT = 1, 2, 4, 8, 16, 32
+MS_DIRSYNC, MS_NOATIME, MS_NODIRATIME, MS_BIND = 128, 1024, 2048, 4096
+MS_RELATIME, MS_STRICTATIME, MS_LAZYTIME = 1 << 21, 1 << 24, 1 << 25
+VFS_FLAGS: dict[str, tuple[int, int]] = {
+    "ro": (MS_RDONLY, 0),
+    "rw": (0, MS_RDONLY),
+    "nosuid": (MS_NOSUID, 0),
+    "nodev": (MS_NODEV, 0),
+    "noexec": (MS_NOEXEC, 0),
+    "sync": (MS_SYNCHRONOUS, 0),
+    "async": (0, MS_SYNCHRONOUS),
+    "dirsync": (MS_DIRSYNC, 0),
+    "noatime": (MS_NOATIME, 0),
+    "nodiratime": (MS_NODIRATIME, 0),
+    "relatime": (MS_RELATIME, 0),
+    "strictatime": (MS_STRICTATIME, 0),
+    "lazytime": (MS_LAZYTIME, 0),
+}
+_NUM = r"[0-9]{1,9}"
+# Filesystem options passed as mount data: exact names, or name=value with the value pattern.
+FS_OPTIONS: dict[str, dict[str, str | None]] = {
+    "ext4": {
+        "discard": None,
+        "nodiscard": None,
+        "barrier": None,
+        "nobarrier": None,
+        "barrier=": "[01]",
+        "data=": "ordered|writeback|journal",
+        "commit=": _NUM,
+        "errors=": "remount-ro|continue",
+        "acl": None,
+        "user_xattr": None,
+        "auto_da_alloc": None,
+        "noauto_da_alloc": None,
+        "delalloc": None,
+        "nodelalloc": None,
+        "dioread_nolock": None,
+        "journal_checksum": None,
+        "stripe=": _NUM,
+    },
+    "xfs": {
+        "discard": None,
+        "nodiscard": None,
+        "inode64": None,
+        "inode32": None,
+        "largeio": None,
+        "nolargeio": None,
+        "wsync": None,
+        "nouuid": None,
+        "filestreams": None,
+        "noquota": None,
+        "uquota": None,
+        "gquota": None,
+        "pquota": None,
+        "prjquota": None,
+        "allocsize=": r"[0-9]{1,6}[kmg]?",
+        "logbufs=": "[2-8]",
+        "logbsize=": r"[0-9]{1,6}[k]?",
+    },
+}
+FS_OPTIONS["ext3"] = {k: v for k, v in FS_OPTIONS["ext4"].items() if k not in ("dioread_nolock",)}
+
+
+# SELinux: kubelet mounts a volume with the pod's label (`-o context="<user>:<role>:<type>:<level>"`)
+# when the CSIDriver has seLinuxMount. The level may hold commas (s0:c1,c2), so kubelet quotes the value.
+_SELINUX_NAME = r"[a-z_][a-z0-9_]{0,63}"
+_SELINUX_CATEGORIES = r"c[0-9]{1,4}(?:[.,]c[0-9]{1,4})*"
+_SELINUX_LEVEL = rf"s[0-9]{{1,2}}(?::{_SELINUX_CATEGORIES})?"
+SELINUX_CONTEXT = re.compile(
+    rf"{_SELINUX_NAME}:{_SELINUX_NAME}:{_SELINUX_NAME}:{_SELINUX_LEVEL}(?:-{_SELINUX_LEVEL})?"
+)
+# Security options valid on every filesystem (never for raw block), passed at stage and publish.
+SECURITY_OPTIONS = ("context=",)
+
+
+def _selinux_context_ok(value: str) -> bool:
+    if len(value) >= 2 and value[0] == value[-1] == '"':
+        value = value[1:-1]
+    elif "," in value:
+        return False
+    return SELINUX_CONTEXT.fullmatch(value) is not None
+
+
+def _split_options(raw: str) -> list[str]:
+    """Split a mount option string on commas outside double quotes (context="...:s0:c1,c2")."""
+    parts: list[str] = []
+    current: list[str] = []
+    quoted = False
+    for char in raw:
+        if char == '"':
+            quoted = not quoted
+        if char == "," and not quoted:
+            parts.append("".join(current))
+            current = []
+        else:
+            current.append(char)
+    if quoted:
+        raise InvalidParameterError(f"mount flags {raw!r}: unbalanced double quote")
+    parts.append("".join(current))
+    return parts
+
+
+def check_mount_flags(flags: Sequence[str], fs_type: str | None) -> list[str]:
+    """Allow-listed mount flags, split on commas (outside double quotes); anything else ->
+    InvalidParameterError naming the flag.
+
+    `fs_type` None (block access) allows only the VFS flags; filesystems also take their own options
+    and `context=` with a value checked as an SELinux context.
+    """
+    out: list[str] = []
+    allowed = FS_OPTIONS.get(fs_type or "", {})
+    for raw in flags:
+        for flag in (f.strip() for f in _split_options(raw)):
+            if not flag:
+                continue
+            if fs_type and flag.startswith(SECURITY_OPTIONS):
+                if not _selinux_context_ok(flag[len("context=") :]):
+                    raise InvalidParameterError(
+                        f"mount flag {flag!r}: not an SELinux context; expected context="
+                        '"user:role:type:level", e.g. context="system_u:object_r:container_file_t:s0:c1,c2"'
+                    )
+            elif flag not in VFS_FLAGS and not _fs_option_ok(flag, allowed):
+                where = f"for {fs_type}" if fs_type else "for this access type"
+                security = {k.rstrip("=") for k in SECURITY_OPTIONS} if fs_type else set()
+                raise InvalidParameterError(
+                    f"mount flag {flag!r} is not allowed {where}; allowed: "
+                    + ", ".join(sorted(set(VFS_FLAGS) | {k.rstrip("=") for k in allowed} | security))
+                )
+            out.append(flag)
+    return out
+
+
+def _fs_option_ok(flag: str, allowed: Mapping[str, str | None]) -> bool:
+    if "=" not in flag:
+        return flag in allowed and allowed[flag] is None
+    name, _, value = flag.partition("=")
+    pattern = allowed.get(name + "=")
+    return pattern is not None and re.fullmatch(pattern, value) is not None
+
+
+def split_flags(flags: Sequence[str]) -> tuple[int, int, list[str]]:
+    """(MS_* bits to set, bits to clear, filesystem data options) of already checked flags."""
+    set_bits = clear_bits = 0
+    data: list[str] = []
+    for flag in flags:
+        if flag in VFS_FLAGS:
+            on, off = VFS_FLAGS[flag]
+            set_bits, clear_bits = (set_bits | on) & ~off, (clear_bits | off) & ~on
+        else:
+            data.append(flag)
+    return set_bits, clear_bits, data
+
+
+# ---------------------------------------------------------------------------- mkfs options
+
+# Format option (keys.FORMAT_KEYS) -> (mkfs flag, value prefix, parser), in argv order.
+MkfsTable = dict[str, tuple[str, str, Parser]]
+_XFS_MKFS: MkfsTable = {
+    keys.BLOCK_SIZE: ("-b", "size=", power_of_two(512, 65536)),
+    keys.INODE_SIZE: ("-i", "size=", power_of_two(256, 2048)),
+}
+_EXT_MKFS: MkfsTable = {
+    keys.BLOCK_SIZE: ("-b", "", power_of_two(1024, 65536)),
+    keys.INODE_SIZE: ("-I", "", power_of_two(128, 4096)),
+    keys.BYTES_PER_INODE: ("-i", "", whole(1024, 64 * 1024**2)),
+    keys.NUMBER_OF_INODES: ("-N", "", whole(1, 2**32 - 1)),
+}
+_EXT4_CLUSTER: MkfsTable = {keys.EXT4_CLUSTER_SIZE: ("-C", "", power_of_two(1024, 2**29))}
+
+
+def mkfs_argv(device: str, fs_type: str, options: Mapping[str, str]) -> list[str]:
+    """mkfs command for `device`; format options (keys.FORMAT_KEYS) are validated again here."""
+    fs_type = check_fs_type(fs_type)
+    opts = {k: v for k, v in options.items() if k in keys.FORMAT_KEYS and v != ""}
+    if fs_type == "xfs":
+        bad = sorted(set(opts) - set(_XFS_MKFS))
+        if bad:
+            raise InvalidParameterError(f"volume attribute(s) {', '.join(bad)} do not apply to xfs")
+        return ["mkfs.xfs", "-q", *_mkfs_flags(opts, _XFS_MKFS), device]
+    bigalloc = checked(boolean, keys.EXT4_BIGALLOC, opts.get(keys.EXT4_BIGALLOC, "false"), VOLUME_ATTRIBUTE)
+    cluster = keys.EXT4_CLUSTER_SIZE in opts
+    if (bigalloc == "true" or cluster) and fs_type != "ext4":
+        raise InvalidParameterError(f"{keys.EXT4_BIGALLOC}/{keys.EXT4_CLUSTER_SIZE} apply to ext4 only")
+    if cluster and bigalloc != "true":
+        raise InvalidParameterError(f"{keys.EXT4_CLUSTER_SIZE} needs {keys.EXT4_BIGALLOC}=true")
+    bigalloc_flags = ["-O", "bigalloc"] if bigalloc == "true" else []
+    return [
+        f"mkfs.{fs_type}",
+        "-q",
+        *_mkfs_flags(opts, _EXT_MKFS),
+        *bigalloc_flags,
+        *_mkfs_flags(opts, _EXT4_CLUSTER),
+        device,
+    ]
+
+
+VOLUME_ATTRIBUTE = "volume attribute"
+
+
+def _mkfs_flags(opts: Mapping[str, str], table: MkfsTable) -> list[str]:
+    """mkfs arguments for the options in `table`, each value checked."""
+    out: list[str] = []
+    for key, (flag, prefix, parser) in table.items():
+        if key in opts:
+            out += [flag, prefix + checked(parser, key, opts[key], VOLUME_ATTRIBUTE)]
+    return out

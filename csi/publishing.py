@@ -1,0 +1,156 @@
+"""Bind mounts of staged volumes onto pod paths (publish/unpublish), grpc-free; part of the staging core.
+
+Contracts (CSI spec): publishing twice with the same arguments -> OK; the target holds another volume,
+or this one with other options -> AlreadyExistsError; unpublishing what is not mounted -> OK and the
+target is removed. A target is only ever created or removed by the driver: an empty directory (mount
+access) or an empty regular file (block access); anything else is left in place with an error.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from csi import devices, paths
+from csi.devices import DeviceNumbers
+from csi.failures import AlreadyExistsError, FailedPreconditionError
+from csi.mount import Mounter, MountError, MountInfo
+
+# Per-mount flags visible in mountinfo, compared when a target is published twice.
+PER_MOUNT_FLAGS = frozenset({"nodev", "nosuid", "noexec", "noatime", "nodiratime"})
+MAX_STACKED = 8  # unmounting peels at most this many mounts stacked on one path
+
+
+class Source(NamedTuple):
+    """What a publish binds: a staging path or a device node, and how it shows in mountinfo."""
+
+    path: str
+    numbers: DeviceNumbers
+    root: str
+
+
+class Publication(NamedTuple):
+    """One publish request, already validated: where, how, and under which access."""
+
+    staging: str
+    target: str
+    block: bool
+    readonly: bool
+    bind_flags: Sequence[str]
+    single_writer: bool
+
+
+class Publisher:
+    """Bind mounts under the allowed `roots` through `mounter`."""
+
+    def __init__(self, mounter: Mounter, roots: Sequence[str]) -> None:
+        self._mounter = mounter
+        self._roots = roots
+
+    def others(self, numbers: DeviceNumbers, root: str, exclude: set[str]) -> list[str]:
+        """Mount points under the allowed roots showing the same device and root, except `exclude`."""
+        return [m.mount_point for m in self._mounts_of(numbers, root) if m.mount_point not in exclude]
+
+    def _mounts_of(self, numbers: DeviceNumbers, root: str) -> list[MountInfo]:
+        return [
+            m
+            for m in self._mounter.mounts()
+            if (m.major, m.minor) == numbers
+            and m.root == root
+            and paths.under_roots(m.mount_point, self._roots)
+        ]
+
+    def peel(self, path: str) -> None:
+        """Unmount `path` until nothing is mounted there (stacked mounts included)."""
+        for _ in range(MAX_STACKED):
+            if not self._mounter.unmount(path) or self._mounter.mount_at(path) is None:
+                break
+
+    def publish(self, volume_id: str, source: Source, pub: Publication) -> None:
+        """Bind `source` onto the target; already there with the same options -> no-op."""
+        current = self._mounter.mount_at(pub.target)
+        if current is not None:
+            _check_published(current, source, pub)
+            return
+        if pub.single_writer:
+            others = self.others(source.numbers, source.root, {pub.staging, pub.target})
+            if others:
+                raise FailedPreconditionError(
+                    f"volume {volume_id} is SINGLE_NODE_SINGLE_WRITER and already published at {others[0]}"
+                )
+        created = _create_target(pub.target, pub.block)
+        try:
+            self._mounter.bind(source.path, pub.target, pub.bind_flags)
+        except MountError:
+            if created:
+                _remove_target(pub.target)
+            raise
+        if pub.block:
+            self._sync_block_readonly(source)
+
+    def unpublish(self, target: str) -> None:
+        """Unmount the target and remove it. Not mounted or missing -> OK."""
+        current = self._mounter.mount_at(target)
+        self.peel(target)
+        _remove_target(target)
+        if current is not None and current.fs_type == "devtmpfs":
+            device = os.path.join("/dev", current.root.lstrip("/"))
+            if devices.is_block_device(device):
+                self._sync_block_readonly(Source(device, (current.major, current.minor), current.root))
+
+    def _sync_block_readonly(self, source: Source) -> None:
+        """A read-only bind of a device node does not stop writes through it, so the device itself is
+        made read-only while every publish of it is read-only (and writable again otherwise)."""
+        publishes = self._mounts_of(source.numbers, source.root)
+        want = bool(publishes) and all(m.readonly for m in publishes)
+        if devices.device_readonly(source.path) != want:
+            devices.set_device_readonly(source.path, want)
+
+
+def _check_published(current: MountInfo, source: Source, pub: Publication) -> None:
+    if (current.major, current.minor) != source.numbers or current.root != source.root:
+        raise AlreadyExistsError(f"{pub.target} already holds another volume ({current.source})")
+    wanted = {f for f in pub.bind_flags if f in PER_MOUNT_FLAGS}
+    present = {f for f in current.options if f in PER_MOUNT_FLAGS}
+    if current.readonly != pub.readonly or wanted != present:
+        raise AlreadyExistsError(f"the volume is already published at {pub.target} with other options")
+
+
+def _create_target(target: str, block: bool) -> bool:
+    """Create the mount point (directory, or an empty file for block). True when it was created."""
+    if os.path.lexists(target):
+        if os.path.islink(target):
+            raise FailedPreconditionError(f"target_path {target} is a symbolic link")
+        if block and not os.path.isfile(target):
+            raise FailedPreconditionError(f"target_path {target} exists and is not a regular file")
+        if not block and not os.path.isdir(target):
+            raise FailedPreconditionError(f"target_path {target} exists and is not a directory")
+        return False
+    if block:
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o640)
+        os.close(fd)
+    else:
+        os.makedirs(target, mode=0o750)
+    return True
+
+
+def _remove_target(target: str) -> None:
+    """Remove an unmounted target: an empty directory or an empty regular file. Missing -> OK."""
+    try:
+        st = os.lstat(target)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(st.st_mode):
+        try:
+            os.rmdir(target)
+        except OSError as exc:
+            raise FailedPreconditionError(f"{target} is not empty after unmounting; left in place") from exc
+    elif stat.S_ISREG(st.st_mode) and st.st_size == 0:
+        os.unlink(target)
+    else:
+        raise FailedPreconditionError(
+            f"{target} is not a directory or empty file the driver created; left in place"
+        )

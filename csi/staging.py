@@ -1,0 +1,322 @@
+"""The node's staging core, grpc-free: find and verify a volume's device, stage it (format only when
+blank, mount, grow), bind-publish it, and unpublish, unstage, measure and expand it again.
+
+Callers (NodeService) validate every request first and hold the volume's in-flight key around each call;
+nothing here re-checks paths or options. The mount table is the source of truth, so a restarted plugin
+picks up where the previous one stopped. Contracts (CSI spec):
+- stage/publish twice with the same arguments -> OK; the path holds another volume or the same one with
+  other options -> AlreadyExistsError. Unstage/unpublish of something not mounted -> OK.
+- A device is formatted only when blkid finds neither a filesystem nor a partition table.
+- A stage that fails releases the device it prepared (unless a mount still uses it): the CO never
+  unstages a stage that failed with a final error.
+- mkfs and fsck run at most `format_concurrency` at a time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from typing import NamedTuple
+
+from csi import devices, keys, paths
+from csi.backends.base import Backend
+from csi.devices import DeviceNumbers
+from csi.failures import (
+    AlreadyExistsError,
+    DriverError,
+    FailedPreconditionError,
+    NotFoundError,
+    OutOfRangeError,
+)
+from csi.filesystems import EXT_TYPES, FS_TYPES
+from csi.mount import Mounter, MountInfo, OnlineGrowthDenied
+from csi.publishing import Publication, Publisher, Source
+
+GROW_SLACK = 1024**2  # grow at stage only when the device exceeds the filesystem by more than this
+
+
+class Filesystem(NamedTuple):
+    """The filesystem a mount-access stage asks for; every field already checked."""
+
+    fs_type: str
+    explicit: bool  # named by the request; otherwise an existing filesystem of another type is used
+    flags: Sequence[str]
+    readonly: bool
+    options: Mapping[str, str]  # volume context: the mkfs options
+
+
+class VolumeStats(NamedTuple):
+    """What NodeGetVolumeStats reports: a block size, a filesystem's usage, or why the path is wrong."""
+
+    block_bytes: int = 0
+    usage: devices.Usage | None = None
+    abnormal: str = ""
+
+
+@contextlib.contextmanager
+def os_failures() -> Iterator[None]:
+    """OSError from the host becomes a DriverError (INTERNAL) with its actionable message."""
+    try:
+        yield
+    except OSError as exc:
+        where = f" ({exc.filename})" if exc.filename else ""
+        raise DriverError(f"{exc.strerror or exc}{where}") from exc
+
+
+class Stager:
+    """Stage, publish and expand volumes of `backend` on this host through `mounter`."""
+
+    def __init__(
+        self, backend: Backend, mounter: Mounter, roots: Sequence[str], format_concurrency: int
+    ) -> None:
+        self._backend = backend
+        self._mounter = mounter
+        self._roots = roots
+        self._format_slots = threading.BoundedSemaphore(format_concurrency)
+        self._lock = threading.Lock()
+        self._staged_block: set[str] = set()  # block volumes staged through this process
+        self._partitions: dict[str, int] = {}  # volume id -> partition used at stage/publish
+        self.publisher = Publisher(mounter, roots)
+
+    def staged_count(self) -> int:
+        """Staged volumes: filesystems from the mount table, so the figure survives a restart (distinct
+        devices mounted under the allowed roots), plus block volumes staged through this process."""
+        staged = {
+            (m.major, m.minor)
+            for m in self._mounter.mounts()
+            if m.fs_type in FS_TYPES and paths.under_roots(m.mount_point, self._roots)
+        }
+        with self._lock:
+            return len(staged) + len(self._staged_block)
+
+    # ------------------------------------------------------------------ devices
+
+    def device(self, volume_id: str, publish_context: Mapping[str, str], partition: int) -> str:
+        """The verified block device (or partition) of the volume on this host."""
+        device = self._backend.resolve_device(volume_id, publish_context)
+        target = devices.partition_path(device, partition)
+        if partition and not os.path.exists(target):
+            with os_failures():
+                self._mounter.settle()
+                if not os.path.exists(target):
+                    self._mounter.add_partitions(device)
+            if not os.path.exists(target):
+                self._release_if_unused(volume_id, device)
+                raise FailedPreconditionError(f"partition {partition} of {device} does not exist")
+        with os_failures():
+            devices.rdev(target)
+        with self._lock:
+            self._partitions[volume_id] = partition
+        return target
+
+    def known_device(self, volume_id: str) -> str:
+        """The device (or partition) of a volume staged or published before, resolved again."""
+        with self._lock:
+            partition = self._partitions.get(volume_id, 0)
+        return devices.partition_path(self._backend.resolve_device(volume_id, {}), partition)
+
+    def _release_if_unused(self, volume_id: str, device: str) -> None:
+        """After a failed stage: release the device unless a mount still uses it."""
+        whole = devices.whole_device(device)
+        dev_numbers, dev_root = devices.devtmpfs_numbers(whole)
+        for m in self._mounter.mounts():
+            if devices.belongs((m.major, m.minor), whole) or (
+                (m.major, m.minor) == dev_numbers and m.root.startswith(dev_root)
+            ):
+                return
+        with contextlib.suppress(Exception):  # best effort: the original failure is what the CO sees
+            self._backend.release_device(volume_id)
+
+    # ------------------------------------------------------------------ stage
+
+    def stage(
+        self,
+        volume_id: str,
+        publish_context: Mapping[str, str],
+        partition: int,
+        staging: str,
+        fs: Filesystem | None,
+    ) -> None:
+        """Prepare the device and, for mount access (`fs` given), mount its filesystem at `staging`."""
+        device = self.device(volume_id, publish_context, partition)
+        if fs is None:
+            with self._lock:
+                self._staged_block.add(volume_id)
+            return
+        try:
+            with os_failures():
+                self.stage_filesystem(device, staging, fs)
+        except BaseException:
+            self._release_if_unused(volume_id, device)
+            raise
+
+    def stage_filesystem(self, device: str, staging: str, fs: Filesystem) -> None:
+        """Mount the filesystem of `device` at `staging`, formatting a blank device first."""
+        current = self._mounter.mount_at(staging)
+        if current is not None:
+            _check_staged(current, device, staging, fs)
+            return
+        if os.path.lexists(staging) and not os.path.isdir(staging):
+            raise FailedPreconditionError(f"staging_target_path {staging} exists and is not a directory")
+        elsewhere = [
+            m.mount_point for m in self._mounter.mounts() if devices.belongs((m.major, m.minor), device)
+        ]
+        if elsewhere:  # fsck or mkfs of a mounted device would fail with a misleading message
+            raise FailedPreconditionError(
+                f"{device} is already mounted at {elsewhere[0]}; a volume is staged at one path per node, "
+                "so unstage it there first"
+            )
+        os.makedirs(staging, exist_ok=True)
+        with self._format_slots:
+            fs_type, grow = self._prepare(device, staging, fs)
+        mount_flags = [*fs.flags, "ro"] if fs.readonly and "ro" not in fs.flags else list(fs.flags)
+        if fs_type == "xfs" and "nouuid" not in mount_flags:
+            mount_flags.append("nouuid")  # a restored snapshot or clone shares its source's UUID
+        self._mounter.mount(device, staging, fs_type, mount_flags)
+        if grow:  # xfs grows only while mounted
+            self._mounter.grow(device, staging, fs_type)
+
+    def _prepare(self, device: str, staging: str, fs: Filesystem) -> tuple[str, bool]:
+        """Format a blank device, or check (and, ext*, grow) the filesystem it holds. Returns the
+        filesystem type to mount and whether it still has to grow once mounted (xfs)."""
+        probe = self._mounter.probe(device)
+        if probe.blank:
+            if fs.readonly:
+                raise FailedPreconditionError(f"{device} has no filesystem and cannot be formatted read-only")
+            self._mounter.mkfs(device, fs.fs_type, fs.options)
+            return fs.fs_type, False
+        if not probe.fs_type:
+            raise FailedPreconditionError(
+                f"{device} holds a {probe.pt_type} partition table and no filesystem; set the "
+                f"'{keys.VC_PARTITION}' volume attribute to stage one of its partitions"
+            )
+        fs_type = fs.fs_type
+        if probe.fs_type != fs_type:
+            if fs.explicit or probe.fs_type not in FS_TYPES:
+                raise FailedPreconditionError(
+                    f"{device} already holds a {probe.fs_type} filesystem, not {fs_type}; "
+                    "it is never reformatted"
+                )
+            fs_type = probe.fs_type
+        if fs.readonly:
+            return fs_type, False
+        grow = _needs_growth(device, fs_type)
+        if grow and fs_type in EXT_TYPES:  # offline: a full check, then resize2fs
+            self._mounter.fsck(device, fs_type, full=True)
+            self._mounter.grow(device, staging, fs_type)
+            return fs_type, False
+        self._mounter.fsck(device, fs_type)
+        return fs_type, grow
+
+    def unstage(self, volume_id: str, staging: str) -> None:
+        """Unmount the staging path (every stacked mount) and release the device. Not staged -> OK."""
+        with os_failures():
+            current = self._mounter.mount_at(staging)
+            if current is not None:
+                others = self.publisher.others((current.major, current.minor), current.root, {staging})
+                if others:
+                    raise FailedPreconditionError(
+                        f"volume {volume_id} is still published at {others[0]}; unpublish it first"
+                    )
+                self.publisher.peel(staging)
+            with contextlib.suppress(NotFoundError):
+                self._backend.release_device(volume_id)
+            with self._lock:
+                self._staged_block.discard(volume_id)
+                self._partitions.pop(volume_id, None)
+
+    # ------------------------------------------------------------------ publish
+
+    def publish(
+        self, volume_id: str, publish_context: Mapping[str, str], partition: int, pub: Publication
+    ) -> None:
+        """Bind the staged filesystem (mount access) or the device node (block access) onto the target."""
+        with os_failures():
+            if pub.block:
+                device = self.device(volume_id, publish_context, partition)
+                source = Source(device, *devices.devtmpfs_numbers(device))
+            else:
+                staged = self._mounter.mount_at(pub.staging)
+                if staged is None:
+                    raise FailedPreconditionError(
+                        f"volume {volume_id} is not staged at {pub.staging}; call NodeStageVolume first"
+                    )
+                source = Source(pub.staging, (staged.major, staged.minor), staged.root)
+            self.publisher.publish(volume_id, source, pub)
+
+    def unpublish(self, target: str) -> None:
+        """Unmount the target and remove it. Not mounted or missing -> OK."""
+        with os_failures():
+            self.publisher.unpublish(target)
+
+    # ------------------------------------------------------------------ stats and expansion
+
+    def stats(self, volume_id: str, path: str) -> VolumeStats:
+        """Size of the volume's device at a block path, or usage of its filesystem mounted at `path`."""
+        with os_failures():
+            device = self.known_device(volume_id)
+            numbers = _block_numbers(path)
+            if numbers is not None:
+                if not devices.belongs(numbers, device):
+                    return VolumeStats(abnormal=f"{path} is not the device of volume {volume_id}")
+                return VolumeStats(block_bytes=devices.device_size(path))
+            mount = self._mounter.mount_at(path)
+            if mount is None or not devices.belongs((mount.major, mount.minor), device):
+                return VolumeStats(abnormal=f"{path} is not a mount of volume {volume_id}")
+            if "ro" in mount.super_options and not mount.readonly:
+                return VolumeStats(
+                    usage=devices.usage(path),
+                    abnormal="the filesystem was remounted read-only (I/O or consistency errors)",
+                )
+            return VolumeStats(usage=devices.usage(path))
+
+    def expand(self, volume_id: str, path: str, required: int, block: bool) -> int:
+        """Grow the filesystem mounted at `path` to its (already expanded) device; returns the device
+        size (block access: just the size). A device smaller than `required` -> OutOfRangeError."""
+        with os_failures():
+            device = self.known_device(volume_id)  # resolve_device refreshes the device size
+            size = devices.device_size(device)
+            if required > size:
+                raise OutOfRangeError(
+                    f"the device of {volume_id} holds {size} bytes, less than the requested {required}; "
+                    "expand the volume on the controller first"
+                )
+            if _block_numbers(path) is not None or block:
+                return size
+            mount = self._mounter.mount_at(path)
+            if mount is None or not devices.belongs((mount.major, mount.minor), device):
+                raise NotFoundError(f"volume {volume_id} is not mounted at {path}")
+            if mount.fs_type not in FS_TYPES:
+                raise FailedPreconditionError(f"cannot grow a {mount.fs_type} filesystem")
+            if mount.readonly or "ro" in mount.super_options:
+                raise FailedPreconditionError(f"{path} is mounted read-only; the filesystem cannot grow")
+            try:
+                self._mounter.grow(device, path, mount.fs_type)
+            except OnlineGrowthDenied as exc:
+                # csi-rules: a filesystem that cannot grow while published is FAILED_PRECONDITION
+                raise FailedPreconditionError(str(exc)) from exc
+            return size
+
+
+def _check_staged(current: MountInfo, device: str, staging: str, fs: Filesystem) -> None:
+    if not devices.belongs((current.major, current.minor), device):
+        raise AlreadyExistsError(f"{staging} already holds another device ({current.source})")
+    if fs.explicit and current.fs_type != fs.fs_type:
+        raise AlreadyExistsError(f"volume is staged at {staging} as {current.fs_type}, not {fs.fs_type}")
+    if current.readonly != fs.readonly:
+        state = "read-only" if current.readonly else "read-write"
+        raise AlreadyExistsError(f"volume is already staged {state} at {staging}")
+
+
+def _needs_growth(device: str, fs_type: str) -> bool:
+    current_fs = devices.fs_size(device, fs_type)
+    return current_fs is not None and devices.device_size(device) - current_fs > GROW_SLACK
+
+
+def _block_numbers(path: str) -> DeviceNumbers | None:
+    """Device numbers of `path` when it is a block device node, else None."""
+    st = os.stat(path)
+    return (os.major(st.st_rdev), os.minor(st.st_rdev)) if stat.S_ISBLK(st.st_mode) else None
