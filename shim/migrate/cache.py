@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from shim.migrate.kube import ApiError, KubeClient, Resource
 from shim.migrate.objects import JsonObj
@@ -164,3 +164,12 @@ class Reflector:
                     self._on_change(self.store.put(obj), obj)
                 if self._stop.is_set():
                     return
+
+
+class Caches(NamedTuple):
+    """The controller's caches: PVs (its selector), claims, pods and its lock Leases."""
+
+    pvs: Reflector
+    pvcs: Reflector
+    pods: Reflector
+    leases: Reflector

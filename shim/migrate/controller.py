@@ -31,7 +31,7 @@ from shim.manifests import in_tree_source_key
 from shim.migrate import kube
 from shim.migrate import objects as o
 from shim.migrate.actor import Actor, build
-from shim.migrate.cache import Reflector, key_of
+from shim.migrate.cache import Caches, Reflector, key_of
 from shim.migrate.controller_sync import Syncer
 from shim.migrate.engine import BUSY, FAILED, PENDING, REFUSED, SKIPPED, WAITING, Outcome
 from shim.migrate.lock import ANN_JOURNAL, LOCK_SELECTOR, has_journal, holder_of, pv_of
@@ -71,7 +71,8 @@ class Controller:
         )
         usage = UsageFrom(self.attachments.store.items, self.pods.store.in_namespace)
         self.actor: Actor = build(args, client, metrics, StoreClaims(self.pvcs), usage)
-        self._sync = Syncer(self, self.actor, self._gates, args.dry_run)
+        caches = Caches(self.pvs, self.pvcs, self.pods, self.leases)
+        self._sync = Syncer(caches, self.actor, self._gates, args.dry_run)
         self._workers: list[threading.Thread] = []
 
     @property

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING
 
 from shim import TranslationError
 from shim.gates import PLUGIN_GATES, FeatureGates
 from shim.manifests import IN_TREE_SOURCES, in_tree_source_key
 from shim.migrate import objects as o
 from shim.migrate.actor import Actor
+from shim.migrate.cache import Caches
+from shim.migrate.engine import Outcome
 from shim.migrate.events import NORMAL, WARNING, Ref
 from shim.migrate.journal import CONVERT, ROLLBACK
 from shim.migrate.kube import STORAGE_CLASSES
@@ -18,18 +19,14 @@ from shim.migrate.lock import lease_name
 from shim.migrate.twins import ANN_PLUGIN, is_twin
 from shim.migrate.usage import is_terminated
 
-if TYPE_CHECKING:
-    from shim.migrate.controller import Controller
-    from shim.migrate.engine import Outcome
-
 log = logging.getLogger(__name__)
 
 
 class Syncer:
     """Per-key decisions of one controller; thread-safe (workers share it)."""
 
-    def __init__(self, controller: Controller, actor: Actor, gates: FeatureGates, dry_run: bool) -> None:
-        self._controller = controller
+    def __init__(self, caches: Caches, actor: Actor, gates: FeatureGates, dry_run: bool) -> None:
+        self._caches = caches
         self._actor = actor
         self._gates = gates
         self._dry_run = dry_run
@@ -67,9 +64,8 @@ class Syncer:
         return ROLLBACK
 
     def pv(self, name: str) -> Outcome | None:
-        controller = self._controller
-        pv = controller.pvs.store.get(name)
-        lease = controller.leases.store.get(f"{self._actor.locks.namespace}/{lease_name(name)}")
+        pv = self._caches.pvs.store.get(name)
+        lease = self._caches.leases.store.get(f"{self._actor.locks.namespace}/{lease_name(name)}")
         direction = None if pv is None else self.direction(pv)
         if direction is None and lease is None:
             return None
@@ -124,7 +120,7 @@ class Syncer:
         name = o.name_of(twin)
         claims = [
             f"{(c.get('metadata') or {}).get('namespace')}/{o.name_of(c)}"
-            for c in self._controller.pvcs.store.items()
+            for c in self._caches.pvcs.store.items()
             if (c.get("spec") or {}).get("storageClassName") == name
         ]
         if self._dry_run:
@@ -136,7 +132,7 @@ class Syncer:
     # ---------------------------------------------------------------- inline pod volumes
 
     def pod(self, key: str) -> None:
-        pod = self._controller.pods.store.get(key)
+        pod = self._caches.pods.store.get(key)
         found: list[tuple[str, str]] = []
         if pod is not None and not is_terminated(pod):
             for volume in (pod.get("spec") or {}).get("volumes") or []:
