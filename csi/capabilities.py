@@ -36,7 +36,8 @@ class Capabilities(NamedTuple):
             CRPC.CLONE_VOLUME: b.clone,
             CRPC.EXPAND_VOLUME: b.expand_online or b.expand_offline,
             CRPC.GET_VOLUME: True,
-            CRPC.VOLUME_CONDITION: b.volume_condition,
+            CRPC.GET_VOLUME_HEALTH: b.volume_health,
+            CRPC.LIST_VOLUME_HEALTH: b.volume_health,
             CRPC.SINGLE_NODE_MULTI_WRITER: b.single_node_multi_writer,
             CRPC.MODIFY_VOLUME: b.modify_volume,
         }
@@ -49,7 +50,8 @@ class Capabilities(NamedTuple):
             NRPC.STAGE_UNSTAGE_VOLUME: True,
             NRPC.GET_VOLUME_STATS: True,
             NRPC.EXPAND_VOLUME: b.expand_online or b.expand_offline,
-            NRPC.VOLUME_CONDITION: True,
+            NRPC.GET_VOLUME_HEALTH: b.node_volume_health,
+            NRPC.GET_STORAGE_HEALTH: b.storage_health,
             NRPC.SINGLE_NODE_MULTI_WRITER: b.single_node_multi_writer,
         }
         return frozenset(k for k, on in flags.items() if on)
@@ -62,19 +64,27 @@ class Capabilities(NamedTuple):
             {csi_pb2.GroupControllerServiceCapability.RPC.CREATE_DELETE_GET_VOLUME_GROUP_SNAPSHOT}
         )
 
+    @property
+    def snapshot_metadata(self) -> bool:
+        """The SnapshotMetadata service is served (next to the controller)."""
+        return self.serves_controller and self.backend.snapshots and self.backend.snapshot_metadata
+
+    @property
+    def snapshot_topology(self) -> bool:
+        return self.backend.snapshots and self.backend.snapshot_topology
+
     def plugin(self) -> list[csi_pb2.PluginCapability]:
         """GetPluginCapabilities: services this process serves, topology, and expansion mode."""
         Service = csi_pb2.PluginCapability.Service
         Expansion = csi_pb2.PluginCapability.VolumeExpansion
-        out: list[csi_pb2.PluginCapability] = []
-        if self.serves_controller:
-            out.append(csi_pb2.PluginCapability(service=Service(type=Service.CONTROLLER_SERVICE)))
-            if self.group_controller:
-                out.append(csi_pb2.PluginCapability(service=Service(type=Service.GROUP_CONTROLLER_SERVICE)))
-        if self.backend.topology_keys:
-            out.append(
-                csi_pb2.PluginCapability(service=Service(type=Service.VOLUME_ACCESSIBILITY_CONSTRAINTS))
-            )
+        services = {
+            Service.CONTROLLER_SERVICE: self.serves_controller,
+            Service.GROUP_CONTROLLER_SERVICE: self.serves_controller and bool(self.group_controller),
+            Service.SNAPSHOT_METADATA_SERVICE: self.snapshot_metadata,
+            Service.VOLUME_ACCESSIBILITY_CONSTRAINTS: bool(self.backend.topology_keys),
+            Service.SNAPSHOT_ACCESSIBILITY_CONSTRAINTS: self.snapshot_topology,
+        }
+        out = [csi_pb2.PluginCapability(service=Service(type=t)) for t, on in services.items() if on]
         if self.backend.expand_online:
             out.append(csi_pb2.PluginCapability(volume_expansion=Expansion(type=Expansion.ONLINE)))
         elif self.backend.expand_offline:

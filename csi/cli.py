@@ -1,8 +1,9 @@
 """The `ballast-csi` command: serve the driver (the default), or run one of its subcommands.
 
-`main(argv)` parses the command line (csi/config.py), sets up logging and dispatches: no subcommand ->
-csi.server.run; `demo` -> csi.demo; `recover-state` -> the local backend's recovery. Start-up failures
-end with one line on stderr and exit code 1, never a traceback.
+`main(argv)` parses the command line (csi/config.py, csi/commands.py), sets up logging and dispatches:
+no subcommand -> csi.server.run; `demo` -> csi.demo; `recover-state` -> the local backend's recovery;
+`clear-health` -> the local backend's health ledger; `snapshot-diff` -> csi.snapshot_diff (a client of a
+running driver). Start-up failures end with one line on stderr and exit code 1, never a traceback.
 """
 
 from __future__ import annotations
@@ -31,6 +32,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         from csi.backends.local.recovery import run_recover
 
         return run_recover(ns.recover_data_dir or config.backend.data_dir)
+    if ns.command == "clear-health":
+        from csi.backends.local.health import run_clear_health
+
+        return run_clear_health(ns.clear_data_dir or config.backend.data_dir, ns.volume_ids)
+    if ns.command == "snapshot-diff":
+        from csi.snapshot_diff import run_snapshot_diff
+
+        return run_snapshot_diff(ns, ns.diff_endpoint or config.server.endpoint)
     from csi.server import run
 
     try:

@@ -17,6 +17,7 @@ from csi.backends.base import Backend, ContentSource, Disk, DiskOptions, SourceK
 from csi.capabilities import CRPC, Capabilities
 from csi.failures import FailedPreconditionError, InvalidParameterError, NotFoundError, OutOfRangeError
 from csi.filesystems import check_fs_type
+from csi.health_rpcs import ControllerHealthRPCs
 from csi.inflight import InFlight
 from csi.replies import snapshot_message, volume_message
 from csi.validation import (
@@ -24,6 +25,8 @@ from csi.validation import (
     capacity_bytes,
     check_capabilities,
     check_capability,
+    check_capability_form,
+    check_ids,
     check_map,
     check_string,
     is_block,
@@ -39,7 +42,7 @@ def _check_fs_type(caps: list[csi_pb2.VolumeCapability]) -> None:
             check_fs_type(cap.mount.fs_type, "fs_type")
 
 
-class ControllerService(csi_pb2_grpc.ControllerServicer):
+class ControllerService(ControllerHealthRPCs, csi_pb2_grpc.ControllerServicer):
     def __init__(self, backend: Backend, caps: Capabilities, inflight: InFlight) -> None:
         self._backend = backend
         self._caps = caps
@@ -82,6 +85,7 @@ class ControllerService(csi_pb2_grpc.ControllerServicer):
         self, request: csi_pb2.CreateVolumeRequest, context: grpc.ServicerContext
     ) -> csi_pb2.CreateVolumeResponse:
         """Idempotent by name: same arguments -> the same volume; different -> ALREADY_EXISTS."""
+        check_ids(request)
         require(request.name, "name")
         check_string(request.name, "name")
         caps = list(request.volume_capabilities)
@@ -112,6 +116,7 @@ class ControllerService(csi_pb2_grpc.ControllerServicer):
         self, request: csi_pb2.DeleteVolumeRequest, context: grpc.ServicerContext
     ) -> csi_pb2.DeleteVolumeResponse:
         """Unknown or already deleted -> OK; still published -> FAILED_PRECONDITION."""
+        check_ids(request)
         require(request.volume_id, "volume_id")
         with self._inflight.hold(f"vol:{request.volume_id}"), contextlib.suppress(NotFoundError):
             self._backend.delete_volume(request.volume_id)
@@ -122,6 +127,7 @@ class ControllerService(csi_pb2_grpc.ControllerServicer):
     ) -> csi_pb2.ControllerPublishVolumeResponse:
         """Idempotent per (volume, node); another readonly flag on the same node -> ALREADY_EXISTS."""
         self._caps.require_controller(CRPC.PUBLISH_UNPUBLISH_VOLUME, "ControllerPublishVolume")
+        check_ids(request)
         require(request.volume_id, "volume_id")
         require(request.node_id, "node_id")
         require(request.HasField("volume_capability"), "volume_capability")
@@ -135,6 +141,7 @@ class ControllerService(csi_pb2_grpc.ControllerServicer):
     ) -> csi_pb2.ControllerUnpublishVolumeResponse:
         """Not attached, or the volume is gone (so it is detached) -> OK. No node_id: from all nodes."""
         self._caps.require_controller(CRPC.PUBLISH_UNPUBLISH_VOLUME, "ControllerUnpublishVolume")
+        check_ids(request)
         require(request.volume_id, "volume_id")
         try:
             nodes = (
@@ -152,11 +159,16 @@ class ControllerService(csi_pb2_grpc.ControllerServicer):
     def ValidateVolumeCapabilities(
         self, request: csi_pb2.ValidateVolumeCapabilitiesRequest, context: grpc.ServicerContext
     ) -> csi_pb2.ValidateVolumeCapabilitiesResponse:
-        """Confirms the request only when every capability and parameter is supported for this volume."""
+        """Confirms the request only when every capability and parameter is supported for this volume.
+        A malformed capability (no access type, access mode UNKNOWN) -> INVALID_ARGUMENT; a well-formed
+        one the volume cannot serve -> OK without `confirmed`, and a message saying why."""
+        check_ids(request)
         require(request.volume_id, "volume_id")
-        require(request.volume_capabilities, "volume_capabilities")
-        disk = self._backend.get_volume(request.volume_id)
         caps = list(request.volume_capabilities)
+        require(caps, "volume_capabilities")
+        for i, cap in enumerate(caps):
+            check_capability_form(cap, f"volume_capabilities[{i}]")
+        disk = self._backend.get_volume(request.volume_id)
         try:
             check_capabilities(caps)
             _check_fs_type(caps)
@@ -183,11 +195,6 @@ class ControllerService(csi_pb2_grpc.ControllerServicer):
             return []
         return [a.node_id for a in disk.attachments]
 
-    def _condition(self, disk: Disk) -> csi_pb2.VolumeCondition | None:
-        if CRPC.VOLUME_CONDITION not in self._caps.controller:
-            return None
-        return csi_pb2.VolumeCondition(abnormal=disk.condition.abnormal, message=disk.condition.message)
-
     def ListVolumes(
         self, request: csi_pb2.ListVolumesRequest, context: grpc.ServicerContext
     ) -> csi_pb2.ListVolumesResponse:
@@ -199,10 +206,7 @@ class ControllerService(csi_pb2_grpc.ControllerServicer):
         Entry, Status = csi_pb2.ListVolumesResponse.Entry, csi_pb2.ListVolumesResponse.VolumeStatus
         return csi_pb2.ListVolumesResponse(
             entries=[
-                Entry(
-                    volume=volume_message(d),
-                    status=Status(published_node_ids=self._published(d), volume_condition=self._condition(d)),
-                )
+                Entry(volume=volume_message(d), status=Status(published_node_ids=self._published(d)))
                 for d in page.items
             ],
             next_token=page.next_token,
@@ -232,6 +236,7 @@ class ControllerService(csi_pb2_grpc.ControllerServicer):
         volumes never shrink. A size the backend can never reach -> OUT_OF_RANGE ("the capacity range is
         not allowed by the Plugin", CSI spec)."""
         self._caps.require_controller(CRPC.EXPAND_VOLUME, "ControllerExpandVolume")
+        check_ids(request)
         require(request.volume_id, "volume_id")
         require(request.HasField("capacity_range"), "capacity_range")
         cr = request.capacity_range
@@ -264,25 +269,27 @@ class ControllerService(csi_pb2_grpc.ControllerServicer):
         self, request: csi_pb2.ControllerGetVolumeRequest, context: grpc.ServicerContext
     ) -> csi_pb2.ControllerGetVolumeResponse:
         self._caps.require_controller(CRPC.GET_VOLUME, "ControllerGetVolume")
+        check_ids(request)
         require(request.volume_id, "volume_id")
         disk = self._backend.get_volume(request.volume_id)
         Status = csi_pb2.ControllerGetVolumeResponse.VolumeStatus
         return csi_pb2.ControllerGetVolumeResponse(
             volume=volume_message(disk),
-            status=Status(published_node_ids=self._published(disk), volume_condition=self._condition(disk)),
+            status=Status(published_node_ids=self._published(disk)),
         )
 
     def ControllerModifyVolume(
         self, request: csi_pb2.ControllerModifyVolumeRequest, context: grpc.ServicerContext
     ) -> csi_pb2.ControllerModifyVolumeResponse:
-        """All-or-nothing: any unsupported key or value -> INVALID_ARGUMENT and nothing changes."""
+        """All-or-nothing: no mutable_parameters, or any unsupported key or value -> INVALID_ARGUMENT and
+        nothing changes."""
         self._caps.require_controller(CRPC.MODIFY_VOLUME, "ControllerModifyVolume")
+        check_ids(request)
         require(request.volume_id, "volume_id")
+        require(request.mutable_parameters, "mutable_parameters")  # spec: REQUIRED
         with self._inflight.hold(f"vol:{request.volume_id}"):
             self._backend.get_volume(request.volume_id)
-            params = self._mutable(dict(request.mutable_parameters))
-            if params:
-                self._backend.modify_volume(request.volume_id, params)
+            self._backend.modify_volume(request.volume_id, self._mutable(dict(request.mutable_parameters)))
         return csi_pb2.ControllerModifyVolumeResponse()
 
     # ---- snapshots
@@ -290,16 +297,26 @@ class ControllerService(csi_pb2_grpc.ControllerServicer):
     def CreateSnapshot(
         self, request: csi_pb2.CreateSnapshotRequest, context: grpc.ServicerContext
     ) -> csi_pb2.CreateSnapshotResponse:
-        """Idempotent by name and source; same name, other source -> ALREADY_EXISTS."""
+        """Idempotent by name and source; same name, other source -> ALREADY_EXISTS. Requisite
+        topology the backend cannot serve -> RESOURCE_EXHAUSTED."""
         self._caps.require_controller(CRPC.CREATE_DELETE_SNAPSHOT, "CreateSnapshot")
+        check_ids(request)
         require(request.name, "name")
         check_string(request.name, "name")
         require(request.source_volume_id, "source_volume_id")
         check_map(request.parameters, "parameters")
-        with self._inflight.hold(f"snapshot:{request.name}"):
-            snap = self._backend.create_snapshot(
-                request.name, request.source_volume_id, strip_k8s_keys(request.parameters)
+        if request.HasField("accessibility_requirements") and not self._caps.snapshot_topology:
+            # spec: the field SHALL NOT be set unless SNAPSHOT_ACCESSIBILITY_CONSTRAINTS is advertised
+            raise InvalidParameterError(
+                "accessibility_requirements are not supported by this driver's backend"
             )
+        requisite = [dict(t.segments) for t in request.accessibility_requirements.requisite]
+        args = (request.name, request.source_volume_id, strip_k8s_keys(request.parameters))
+        with self._inflight.hold(f"snapshot:{request.name}"):
+            if requisite:
+                snap = self._backend.create_snapshot(*args, requisite=requisite)
+            else:
+                snap = self._backend.create_snapshot(*args)
         return csi_pb2.CreateSnapshotResponse(snapshot=snapshot_message(snap))
 
     def DeleteSnapshot(
@@ -307,6 +324,7 @@ class ControllerService(csi_pb2_grpc.ControllerServicer):
     ) -> csi_pb2.DeleteSnapshotResponse:
         """Unknown -> OK; a member of a group snapshot -> INVALID_ARGUMENT."""
         self._caps.require_controller(CRPC.CREATE_DELETE_SNAPSHOT, "DeleteSnapshot")
+        check_ids(request)
         require(request.snapshot_id, "snapshot_id")
         with self._inflight.hold(f"snap:{request.snapshot_id}"), contextlib.suppress(NotFoundError):
             self._backend.delete_snapshot(request.snapshot_id)
@@ -317,6 +335,7 @@ class ControllerService(csi_pb2_grpc.ControllerServicer):
     ) -> csi_pb2.ListSnapshotsResponse:
         """Unknown snapshot id or source volume -> empty list; foreign token -> ABORTED."""
         self._caps.require_controller(CRPC.LIST_SNAPSHOTS, "ListSnapshots")
+        check_ids(request)
         if request.max_entries < 0:
             raise InvalidParameterError("max_entries must not be negative")
         page = self._backend.list_snapshots(
@@ -335,6 +354,7 @@ class ControllerService(csi_pb2_grpc.ControllerServicer):
     ) -> csi_pb2.GetSnapshotResponse:
         """Unknown -> NOT_FOUND."""
         self._caps.require_controller(CRPC.GET_SNAPSHOT, "GetSnapshot")
+        check_ids(request)
         require(request.snapshot_id, "snapshot_id")
         return csi_pb2.GetSnapshotResponse(
             snapshot=snapshot_message(self._backend.get_snapshot(request.snapshot_id))

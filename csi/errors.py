@@ -3,13 +3,15 @@
 Handlers, validation, the OS layer and backends raise the grpc-free errors of csi/failures.py; the
 ErrorInterceptor turns each into the code `CODES` names, with its message. Anything else is a bug: it is
 logged once with its stack and answered INTERNAL with a short message that carries no traceback text.
+A server-streaming call that fails after some messages were sent ends with the same status (the spec's
+"abort the stream"): a client can always tell a failed stream from a complete one.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
@@ -17,7 +19,7 @@ from google.protobuf.message import Message
 from google.protobuf.unknown_fields import UnknownFieldSet
 
 from csi import failures
-from csi.interceptors import Behavior, UnaryInterceptor
+from csi.interceptors import Behavior, MethodInterceptor, StreamBehavior
 
 log = logging.getLogger("ballast.errors")
 
@@ -78,29 +80,51 @@ def _undecodable(request: Any) -> bool:
     return any(unknown[i].field_number == _UNDECODABLE_FIELD for i in range(len(unknown)))
 
 
-def _wrap(method: str, behavior: Callable[[Any, grpc.ServicerContext], Any]) -> Callable[..., Any]:
+def _check_decodable(request: Any) -> None:
+    if _undecodable(request):
+        raise failures.InvalidParameterError(
+            "the request could not be decoded: malformed protobuf, or a string field that is not valid UTF-8"
+        )
+
+
+def _abort(method: str, exc: Exception, context: grpc.ServicerContext) -> None:
+    """The single boundary where every failure becomes a status."""
+    code, message = status_for(exc)
+    if not isinstance(exc, failures.DriverError | NotImplementedError):
+        log.error("%s failed unexpectedly: %s", method, message, exc_info=exc)
+    context.abort(code, message)
+
+
+def _wrap(method: str, behavior: Behavior) -> Behavior:
     def handler(request: Any, context: grpc.ServicerContext) -> Any:
         try:
-            if _undecodable(request):
-                raise failures.InvalidParameterError(
-                    "the request could not be decoded: malformed protobuf, or a string field that is "
-                    "not valid UTF-8"
-                )
+            _check_decodable(request)
             return behavior(request, context)
-        except Exception as exc:  # the single boundary where every failure becomes a status
-            code, message = status_for(exc)
-            if not isinstance(exc, failures.DriverError | NotImplementedError):
-                log.error("%s failed unexpectedly: %s", method, message, exc_info=exc)
-            context.abort(code, message)
+        except Exception as exc:
+            _abort(method, exc, context)
 
     return handler
 
 
-class ErrorInterceptor(UnaryInterceptor):
-    """Turns raised exceptions into gRPC statuses for every unary RPC."""
+def _wrap_stream(method: str, behavior: StreamBehavior) -> StreamBehavior:
+    def handler(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+        try:
+            _check_decodable(request)
+            yield from behavior(request, context)
+        except Exception as exc:  # before the first message or mid-stream: the stream ends with a status
+            _abort(method, exc, context)
+
+    return handler
+
+
+class ErrorInterceptor(MethodInterceptor):
+    """Turns raised exceptions into gRPC statuses for every unary and server-streaming RPC."""
 
     def wrap(self, method: str, behavior: Behavior) -> Behavior:
         return _wrap(method, behavior)
+
+    def wrap_stream(self, method: str, behavior: StreamBehavior) -> StreamBehavior:
+        return _wrap_stream(method, behavior)
 
     def deserializer(self, original: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
         return _lenient(original)

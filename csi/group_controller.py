@@ -16,7 +16,7 @@ from csi.capabilities import Capabilities
 from csi.failures import InvalidParameterError, NotFoundError
 from csi.inflight import InFlight
 from csi.replies import group_message
-from csi.validation import check_map, check_string, require, strip_k8s_keys
+from csi.validation import check_ids, check_map, check_string, require, strip_k8s_keys
 
 
 def _check_members(group: GroupSnapshot, snapshot_ids: Sequence[str]) -> None:
@@ -45,6 +45,7 @@ class GroupControllerService(csi_pb2_grpc.GroupControllerServicer):
         """Idempotent by name and member volumes; same name, other volumes -> ALREADY_EXISTS;
         unknown volume -> NOT_FOUND."""
         self._caps.require_group("CreateVolumeGroupSnapshot")
+        check_ids(request)
         require(request.name, "name")
         check_string(request.name, "name")
         require(request.source_volume_ids, "source_volume_ids")
@@ -62,6 +63,7 @@ class GroupControllerService(csi_pb2_grpc.GroupControllerServicer):
     ) -> csi_pb2.DeleteVolumeGroupSnapshotResponse:
         """Deletes the group and its member snapshots. Unknown -> OK."""
         self._caps.require_group("DeleteVolumeGroupSnapshot")
+        check_ids(request)
         require(request.group_snapshot_id, "group_snapshot_id")
         with self._inflight.hold(f"groupid:{request.group_snapshot_id}"):
             try:
@@ -77,6 +79,7 @@ class GroupControllerService(csi_pb2_grpc.GroupControllerServicer):
     ) -> csi_pb2.GetVolumeGroupSnapshotResponse:
         """Unknown -> NOT_FOUND."""
         self._caps.require_group("GetVolumeGroupSnapshot")
+        check_ids(request)
         require(request.group_snapshot_id, "group_snapshot_id")
         group = self._backend.get_group_snapshot(request.group_snapshot_id)
         _check_members(group, request.snapshot_ids)

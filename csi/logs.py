@@ -13,13 +13,14 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
 from csi._proto import csi_pb2
-from csi.interceptors import UnaryInterceptor
+from csi.interceptors import MethodInterceptor
 
 # Identifiers worth a log line; none can hold a secret.
 SUMMARY_FIELDS = (
@@ -27,6 +28,8 @@ SUMMARY_FIELDS = (
     "volume_id",
     "source_volume_id",
     "snapshot_id",
+    "base_snapshot_id",
+    "target_snapshot_id",
     "group_snapshot_id",
     "node_id",
     "staging_target_path",
@@ -135,8 +138,9 @@ def new_request_id() -> str:
     return f"{os.getpid():x}-{next(_ids):x}"
 
 
-class LoggingInterceptor(UnaryInterceptor):
-    """Logs one line per RPC: method, identifying fields, duration and resulting code.
+class LoggingInterceptor(MethodInterceptor):
+    """Logs one line per RPC: method, identifying fields, duration and resulting code; for a streaming
+    call also the number of messages sent, once the stream has ended (or failed, or was cancelled).
 
     Never logs request bodies beyond `summary()`, so secrets cannot reach the log. `observe`, if given,
     is called with (method, code name, seconds) for metrics.
@@ -147,10 +151,26 @@ class LoggingInterceptor(UnaryInterceptor):
         self._log = logging.getLogger("ballast.rpc")
         self._observe = observe
 
+    def _done(self, method: str, request: Any, code: str, start: float, rid: str, **extra: Any) -> None:
+        elapsed = time.perf_counter() - start
+        level = (
+            (logging.DEBUG if method in QUIET_METHODS else logging.INFO) if code == "OK" else logging.WARNING
+        )
+        if self._log.isEnabledFor(level):
+            fields = {
+                "method": method,
+                **summary(request),
+                **extra,
+                "code": code,
+                "ms": round(elapsed * 1000, 3),
+            }
+            self._log.log(level, "%s %s", method, code, extra={"fields": fields, "request_id": rid})
+        if self._observe is not None:
+            self._observe(method, code, elapsed)
+        _request_id.value = ""
+
     def wrap(self, full_method: str, inner: Any) -> Any:
         method = full_method.rsplit("/", 1)[-1]
-        log, observe = self._log, self._observe
-        ok_level = logging.DEBUG if method in QUIET_METHODS else logging.INFO
 
         def logged(request: Any, context: Any) -> Any:
             rid = new_request_id()
@@ -160,22 +180,38 @@ class LoggingInterceptor(UnaryInterceptor):
             try:
                 return inner(request, context)
             except BaseException:
-                raised = context.code()
-                code = raised.name if raised is not None else "UNKNOWN"
+                code = _raised(context)
                 raise
             finally:
-                elapsed = time.perf_counter() - start
-                level = ok_level if code == "OK" else logging.WARNING
-                if log.isEnabledFor(level):
-                    fields = {
-                        "method": method,
-                        **summary(request),
-                        "code": code,
-                        "ms": round(elapsed * 1000, 3),
-                    }
-                    log.log(level, "%s %s", method, code, extra={"fields": fields, "request_id": rid})
-                if observe is not None:
-                    observe(method, code, elapsed)
-                _request_id.value = ""
+                self._done(method, request, code, start, rid)
 
         return logged
+
+    def wrap_stream(self, full_method: str, inner: Any) -> Any:
+        method = full_method.rsplit("/", 1)[-1]
+
+        def logged(request: Any, context: Any) -> Iterator[Any]:
+            rid = new_request_id()
+            _request_id.value = rid
+            start = time.perf_counter()
+            code, sent = "OK", 0
+            try:
+                for response in inner(request, context):
+                    sent += 1
+                    yield response
+                    _request_id.value = rid
+            except GeneratorExit:  # the client went away or cancelled
+                code = "CANCELLED"
+                raise
+            except BaseException:
+                code = _raised(context)
+                raise
+            finally:
+                self._done(method, request, code, start, rid, messages=sent)
+
+        return logged
+
+
+def _raised(context: Any) -> str:
+    raised = context.code()
+    return raised.name if raised is not None else "UNKNOWN"

@@ -3,6 +3,9 @@
 Contracts:
 - `attach(file)` returns the /dev/loopN already backed by `file` (same st_dev/st_ino), or binds a free
   one (LOOP_CTL_GET_FREE + LOOP_CONFIGURE; autoclear off, direct I/O off, partition scan on). Idempotent.
+- `bound(file)` is the device already bound to `file`, or None; it never binds one. `backed_by(path)`
+  answers the same from sysfs without opening a device (for unprivileged processes), `backed_under(dir)`
+  for every file in a directory.
 - `detach_file(file)` unbinds every loop device backed by `file`. Idempotent: none -> no-op. A device
   still open elsewhere (mounted) is unbound by the kernel when its last user closes it.
 - `backing_file(dev)` / `device_size(dev)` / `refresh_capacity(dev)` inspect or resize one device
@@ -46,7 +49,16 @@ SYS_BLOCK = "/sys/block"
 _LOOP_NAME = re.compile(r"^loop\d+$")
 _CONFIGURE_RETRIES = 16
 
-__all__ = ["attach", "backing_file", "detach_file", "device_size", "refresh_capacity"]
+__all__ = [
+    "attach",
+    "backed_by",
+    "backed_under",
+    "backing_file",
+    "bound",
+    "detach_file",
+    "device_size",
+    "refresh_capacity",
+]
 
 # Serialises attach/detach inside this process so two callers never bind one file twice.
 _lock = threading.Lock()
@@ -124,6 +136,24 @@ def _devices_for(st: os.stat_result) -> list[str]:
     return found
 
 
+def devices_of(backing_file: str) -> list[str]:
+    """Loop devices bound to `backing_file` now ([] when none, or the file is gone). Read-only."""
+    try:
+        return _devices_for(os.stat(backing_file))
+    except FileNotFoundError:
+        return []
+
+
+def bound_files() -> dict[tuple[int, int], list[str]]:
+    """Every bound loop device by its backing inode (st_dev, st_ino): one scan for many files."""
+    found: dict[tuple[int, int], list[str]] = {}
+    for device in _bound_devices():
+        info = _status(device)
+        if info is not None:
+            found.setdefault((info.lo_device, info.lo_inode), []).append(device)
+    return found
+
+
 def _stat_file(backing_file: str) -> os.stat_result:
     try:
         st = os.stat(backing_file)
@@ -145,6 +175,29 @@ def attach(backing_file: str) -> str:
             return _attach_ioctl(backing_file)
         except _Fallback:
             return _losetup("--find", "--show", "--partscan", backing_file, doing=f"attach {backing_file}")
+
+
+def bound(backing_file: str) -> str | None:
+    """The loop device already bound to `backing_file`, or None (a missing file has none). Binds nothing."""
+    try:
+        st = os.stat(backing_file)
+    except FileNotFoundError:
+        return None
+    existing = _devices_for(st)
+    return existing[0] if existing else None
+
+
+def backed_by(path: str) -> list[str]:
+    """Bound loop devices whose backing file, as sysfs names it, is `path`. Needs no privilege (it opens
+    no device), so a non-root process can tell whether a file is in use through a loop device."""
+    real = os.path.realpath(path)
+    return [d for d in _bound_devices() if backing_file(d) == real]
+
+
+def backed_under(directory: str) -> list[str]:
+    """Bound loop devices whose backing file (as sysfs names it) lies inside `directory`."""
+    prefix = os.path.realpath(directory).rstrip("/") + "/"
+    return [d for d in _bound_devices() if (backing_file(d) or "").startswith(prefix)]
 
 
 def _attach_ioctl(backing_file: str) -> str:

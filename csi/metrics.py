@@ -1,8 +1,9 @@
 """Prometheus metrics and /healthz on --metrics-address.
 
 RPC counts and latency by method and code (fed by the logging interceptor), backend operation latency
-and errors (by wrapping the backend instance's public operations), in-flight operations and, on nodes,
-staged volumes. /healthz answers 200 when the backend probe says ready, 503 otherwise.
+and errors (by wrapping the backend instance's public operations), storage API retries (read from the
+backend at each scrape), in-flight operations and, on nodes, staged volumes. /healthz answers 200 when
+the backend probe says ready, 503 otherwise.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 
@@ -21,8 +22,11 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
+    Metric,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 from csi.backends.base import Backend
 from csi.config import Config
@@ -49,12 +53,35 @@ BACKEND_OPERATIONS = (
     "get_group_snapshot",
     "resolve_device",
     "release_device",
+    "volume_health",
+    "list_volume_health",
+    "storage_health",
+    "prepared_device",
+    "snapshot_allocated",  # until the first range: the stream itself is timed per RPC
+    "snapshot_delta",
 )
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
 class StagedCounter(Protocol):
     def staged_count(self) -> int: ...
+
+
+class RetryCollector(Collector):
+    """ballast_backend_retries_total{operation}: the backend's own count, read at every scrape."""
+
+    def __init__(self, backend: Backend) -> None:
+        self._backend = backend
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            "ballast_backend_retries",
+            "Storage API calls the backend retried (throttling, server errors, unreachable), by operation",
+            labels=["operation"],
+        )
+        for operation, count in sorted(self._backend.retries().items()):
+            family.add_metric([operation], count)
+        yield family
 
 
 def parse_address(address: str) -> tuple[str, int]:
@@ -104,6 +131,7 @@ class Metrics:
         self.staged = Gauge(
             "ballast_node_staged_volumes", "Volumes staged on this node", registry=self.registry
         )
+        self.registry.register(RetryCollector(backend))
         self._instrument(backend)
 
     def observe_rpc(self, method: str, code: str, seconds: float) -> None:

@@ -20,8 +20,10 @@ from csi.capabilities import NRPC, Capabilities
 from csi.config import Config
 from csi.failures import FailedPreconditionError, InvalidParameterError, NotFoundError, OutOfRangeError
 from csi.filesystems import VFS_FLAGS, check_fs_type, check_mount_flags, mkfs_argv
+from csi.health_rpcs import NodeHealthRPCs
 from csi.inflight import InFlight
 from csi.mount import Mounter
+from csi.nodehealth import NodeHealth
 from csi.publishing import Publication
 from csi.staging import Filesystem, Stager
 from csi.validation import (
@@ -59,14 +61,7 @@ def _readonly(cap: csi_pb2.VolumeCapability, flags: list[str], readonly: bool = 
     return readonly or cap.access_mode.mode in READ_ONLY_MODES or "ro" in flags
 
 
-def _existing_path(path: str) -> str:
-    require(path, "volume_path")
-    if not os.path.isabs(path) or not os.path.lexists(path):
-        raise NotFoundError(f"volume_path {path} does not exist")
-    return path
-
-
-class NodeService(csi_pb2_grpc.NodeServicer):
+class NodeService(NodeHealthRPCs, csi_pb2_grpc.NodeServicer):
     def __init__(
         self,
         backend: Backend,
@@ -80,7 +75,9 @@ class NodeService(csi_pb2_grpc.NodeServicer):
         self._caps = caps
         self._inflight = inflight
         self._roots = config.node.allowed_roots
-        self.stager = Stager(backend, mounter or Mounter(), self._roots, config.node.format_concurrency)
+        mounter = mounter or Mounter()
+        self.stager = Stager(backend, mounter, self._roots, config.node.format_concurrency)
+        self.health = NodeHealth(backend, mounter, self._roots, self.stager)
 
     def staged_count(self) -> int:
         """Staged volumes on this node (for metrics)."""
@@ -88,6 +85,18 @@ class NodeService(csi_pb2_grpc.NodeServicer):
 
     def _path(self, path: str, field: str) -> str:
         return paths.check_path(path, field, self._roots)
+
+    def _volume_path(self, volume_id: str, path: str) -> str:
+        """The volume_path of a read: a malformed string -> INVALID_ARGUMENT; a path where no volume can
+        be (relative, outside the allowed roots) or that does not exist -> NOT_FOUND (spec: the volume
+        does not exist at that path)."""
+        paths.check_path_form(path, "volume_path")
+        problem = paths.misplaced(path, self._roots)
+        if problem:
+            raise NotFoundError(f"volume {volume_id} is not at volume_path: it {problem}")
+        if not os.path.lexists(path):
+            raise NotFoundError(f"volume_path {path} does not exist")
+        return path
 
     # ------------------------------------------------------------------ stage
 
@@ -152,7 +161,7 @@ class NodeService(csi_pb2_grpc.NodeServicer):
         single_writer = cap.access_mode.mode == AccessMode.SINGLE_NODE_SINGLE_WRITER
         pub = Publication(staging, target, block, readonly, bind_flags, single_writer)
         with self._inflight.hold(f"node:{volume_id}"):
-            self.stager.publish(volume_id, request.publish_context, partition, pub)
+            self.stager.publish(volume_id, partition, pub)
         return csi_pb2.NodePublishVolumeResponse()
 
     def NodeUnpublishVolume(
@@ -171,16 +180,22 @@ class NodeService(csi_pb2_grpc.NodeServicer):
     def NodeGetVolumeStats(
         self, request: csi_pb2.NodeGetVolumeStatsRequest, context: grpc.ServicerContext
     ) -> csi_pb2.NodeGetVolumeStatsResponse:
-        """Bytes and inodes of a mounted volume, size of a block volume. Missing path -> NOT_FOUND;
-        a path that is not a mount of the volume -> OK with an abnormal VolumeCondition."""
+        """Bytes and inodes of a mounted volume, size of a block volume. A read: it prepares nothing.
+        Unknown or unstaged volume, a path outside the allowed roots or a missing one, or a path that is
+        not the volume's device or a mount of it -> NOT_FOUND; what is wrong with a volume is
+        NodeGetVolumeHealth's to say."""
         _check_volume_id(request.volume_id)
-        path = _existing_path(request.volume_path)
-        return replies.volume_stats(self.stager.stats(request.volume_id, path))
+        require(request.volume_path, "volume_path")
+        device = self.stager.prepared_device(request.volume_id)
+        path = self._volume_path(request.volume_id, request.volume_path)
+        return replies.volume_stats(self.stager.stats(request.volume_id, device, path))
 
     def NodeExpandVolume(
         self, request: csi_pb2.NodeExpandVolumeRequest, context: grpc.ServicerContext
     ) -> csi_pb2.NodeExpandVolumeResponse:
-        """Grow the mounted filesystem to its (already expanded) device; block -> the device size."""
+        """Grow the mounted filesystem to its (already expanded) device; block -> the device size.
+        Unknown or unstaged volume, or a path outside the allowed roots -> NOT_FOUND, and nothing is
+        prepared."""
         self._caps.require_node(NRPC.EXPAND_VOLUME, "NodeExpandVolume")
         volume_id = request.volume_id
         _check_volume_id(volume_id)
@@ -193,9 +208,10 @@ class NodeService(csi_pb2_grpc.NodeServicer):
         limit = request.capacity_range.limit_bytes
         if required < 0 or limit < 0 or (limit and required > limit):
             raise OutOfRangeError("capacity_range is invalid (negative, or required_bytes above limit_bytes)")
-        path = _existing_path(request.volume_path)
         with self._inflight.hold(f"node:{volume_id}"):
-            size = self.stager.expand(volume_id, path, required, block)
+            device = self.stager.prepared_device(volume_id)  # refreshed to the volume's size
+            path = self._volume_path(request.volume_id, request.volume_path)
+            size = self.stager.expand(volume_id, device, path, required, block)
         return csi_pb2.NodeExpandVolumeResponse(capacity_bytes=size)
 
     # ------------------------------------------------------------------ info

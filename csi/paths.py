@@ -18,27 +18,36 @@ MAX_PATH_BYTES = 4096
 
 def check_path(path: str, field: str, allowed_roots: Sequence[str]) -> str:
     """Return `path` unchanged when it is safe to use, else raise InvalidParameterError naming `field`."""
+    check_path_form(path, field)
+    problem = misplaced(path, allowed_roots)
+    if problem:
+        raise InvalidParameterError(f"{field} {problem}")
+    return path
+
+
+def check_path_form(path: str, field: str) -> None:
+    """A present path within the length limit and free of control characters (a malformed string)."""
     if not path:
         raise InvalidParameterError(f"{field} is required")
     if len(path.encode("utf-8", "surrogatepass")) > MAX_PATH_BYTES:
         raise InvalidParameterError(f"{field} is longer than {MAX_PATH_BYTES} bytes")
     if any(ord(c) < 0x20 or ord(c) == 0x7F for c in path):
         raise InvalidParameterError(f"{field} contains control characters")
+
+
+def misplaced(path: str, allowed_roots: Sequence[str]) -> str:
+    """Why a well-formed path can hold no volume (relative, not normalised, outside the allowed roots),
+    or "" when it can."""
     if not path.startswith("/"):
-        raise InvalidParameterError(f"{field} must be an absolute path, got {path!r}")
+        return f"must be an absolute path, got {path!r}"
     if ".." in path.split("/"):
-        raise InvalidParameterError(f"{field} must not contain '..', got {path!r}")
+        return f"must not contain '..', got {path!r}"
     if os.path.normpath(path) != path:
-        raise InvalidParameterError(
-            f"{field} must be normalised (no '.', '//' or trailing '/'), got {path!r}"
-        )
+        return f"must be normalised (no '.', '//' or trailing '/'), got {path!r}"
     if not under_roots(path, allowed_roots):
         roots = ", ".join(allowed_roots) or "(none configured)"
-        raise InvalidParameterError(
-            f"{field} {path!r} is outside the allowed directories ({roots}); "
-            "add one with --allowed-path-prefix"
-        )
-    return path
+        return f"{path!r} is outside the allowed directories ({roots}); add one with --allowed-path-prefix"
+    return ""
 
 
 def under_roots(path: str, roots: Sequence[str]) -> bool:

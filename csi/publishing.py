@@ -17,6 +17,7 @@ from csi import devices, paths
 from csi.devices import DeviceNumbers
 from csi.failures import AlreadyExistsError, FailedPreconditionError
 from csi.mount import Mounter, MountError, MountInfo
+from shim import failpoints
 
 # Per-mount flags visible in mountinfo, compared when a target is published twice.
 PER_MOUNT_FLAGS = frozenset({"nodev", "nosuid", "noexec", "noatime", "nodiratime"})
@@ -81,12 +82,14 @@ class Publisher:
                     f"volume {volume_id} is SINGLE_NODE_SINGLE_WRITER and already published at {others[0]}"
                 )
         created = _create_target(pub.target, pub.block)
+        failpoints.hit("node.publish.target-created")
         try:
             self._mounter.bind(source.path, pub.target, pub.bind_flags)
         except MountError:
             if created:
                 _remove_target(pub.target)
             raise
+        failpoints.hit("node.publish.bound")
         if pub.block:
             self._sync_block_readonly(source)
 
@@ -94,6 +97,7 @@ class Publisher:
         """Unmount the target and remove it. Not mounted or missing -> OK."""
         current = self._mounter.mount_at(target)
         self.peel(target)
+        failpoints.hit("node.unpublish.unmounted")
         _remove_target(target)
         if current is not None and current.fs_type == "devtmpfs":
             device = os.path.join("/dev", current.root.lstrip("/"))

@@ -1,13 +1,24 @@
 """Reply messages built from backend records and staging results: the one place that knows how a
-Disk, Snapshot, GroupSnapshot or a volume's stats look on the wire."""
+Disk, Snapshot, GroupSnapshot, a volume's stats or health, and storage health look on the wire."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from csi._proto import csi_pb2
-from csi.backends.base import Condition, ContentSource, Disk, GroupSnapshot, Snapshot, SourceKind
+from csi.backends.base import ContentSource, Disk, GroupSnapshot, Snapshot, SourceKind
+from csi.health import Status, StorageIssue, StorageStatus, VolumeHealth
 from csi.staging import VolumeStats
 
-HEALTHY = Condition().message
+VOLUME_STATUS = {
+    Status.DEGRADED: csi_pb2.DEGRADED,
+    Status.INACCESSIBLE: csi_pb2.INACCESSIBLE,
+    Status.DATA_LOSS: csi_pb2.DATA_LOSS,
+}
+STORAGE_STATUS = {
+    StorageStatus.DEGRADED: csi_pb2.STORAGE_DEGRADED,
+    StorageStatus.UNREACHABLE: csi_pb2.STORAGE_UNREACHABLE,
+}
 
 
 def content_source(source: ContentSource | None) -> csi_pb2.VolumeContentSource | None:
@@ -39,6 +50,7 @@ def snapshot_message(snap: Snapshot) -> csi_pb2.Snapshot:
         size_bytes=snap.size_bytes,
         ready_to_use=snap.ready,
         group_snapshot_id=snap.group_id,
+        accessible_topology=[csi_pb2.Topology(segments=dict(t)) for t in snap.topology],
     )
     msg.creation_time.FromNanoseconds(int(snap.created_at * 1e9))
     return msg
@@ -55,17 +67,33 @@ def group_message(group: GroupSnapshot) -> csi_pb2.VolumeGroupSnapshot:
 
 
 def volume_stats(stats: VolumeStats) -> csi_pb2.NodeGetVolumeStatsResponse:
-    """Usage (bytes and inodes of a filesystem, bytes of a block device) and the volume condition."""
-    condition = csi_pb2.VolumeCondition(abnormal=bool(stats.abnormal), message=stats.abnormal or HEALTHY)
+    """Usage: bytes and inodes of a filesystem, bytes of a block device."""
     Usage = csi_pb2.VolumeUsage
-    if stats.usage is not None:
-        u = stats.usage
-        usage = [
+    if stats.usage is None:
+        return csi_pb2.NodeGetVolumeStatsResponse(usage=[Usage(unit=Usage.BYTES, total=stats.block_bytes)])
+    u = stats.usage
+    return csi_pb2.NodeGetVolumeStatsResponse(
+        usage=[
             Usage(unit=Usage.BYTES, total=u.total_bytes, available=u.available_bytes, used=u.used_bytes),
             Usage(unit=Usage.INODES, total=u.total_inodes, available=u.free_inodes, used=u.used_inodes),
         ]
-    elif stats.abnormal:
-        usage = []
-    else:
-        usage = [Usage(unit=Usage.BYTES, total=stats.block_bytes)]
-    return csi_pb2.NodeGetVolumeStatsResponse(usage=usage, volume_condition=condition)
+    )
+
+
+def volume_health(health: VolumeHealth) -> csi_pb2.VolumeHealth:
+    Entry = csi_pb2.VolumeHealth.VolumeHealthEntry
+    return csi_pb2.VolumeHealth(
+        volume_id=health.volume_id,
+        health_statuses=[
+            Entry(status=VOLUME_STATUS[i.status], reason=i.reason, message=i.message) for i in health.issues
+        ],
+    )
+
+
+def storage_health(issues: Iterable[StorageIssue]) -> csi_pb2.NodeGetStorageHealthResponse:
+    Health = csi_pb2.NodeGetStorageHealthResponse.StorageBackendHealth
+    return csi_pb2.NodeGetStorageHealthResponse(
+        backend_health=[
+            Health(status=STORAGE_STATUS[i.status], reason=i.reason, message=i.message) for i in issues
+        ]
+    )

@@ -28,6 +28,7 @@ from csi.config import Config, version
 from csi.errors import ErrorInterceptor
 from csi.identity import IdentityService
 from csi.inflight import InFlight
+from shim import failpoints
 
 log = logging.getLogger("ballast.server")
 GRACE_SECONDS = 30.0
@@ -86,6 +87,7 @@ class Driver:
     """One driver process: owns the backend, the services and the gRPC server."""
 
     def __init__(self, config: Config, backend: Backend | None = None) -> None:
+        failpoints.validate_environment()  # a malformed BALLAST_FAILPOINTS stops start-up, not a later step
         self.config = config
         self._socket = socket_path(config.server.endpoint)
         if self._socket:
@@ -125,6 +127,17 @@ class Driver:
             )
             csi_pb2_grpc.add_GroupControllerServicer_to_server(
                 GroupControllerService(backend, caps, self.inflight), self.server
+            )
+        if caps.snapshot_metadata:
+            from csi.snapshot_metadata import MetadataSettings, SnapshotMetadataService
+
+            settings = MetadataSettings(
+                fixed=cfg.server.snapshot_metadata_block_type == "fixed",
+                block_size=cfg.server.snapshot_metadata_block_size
+                or backend.capabilities.metadata_block_size,
+            )
+            csi_pb2_grpc.add_SnapshotMetadataServicer_to_server(
+                SnapshotMetadataService(backend, settings), self.server
             )
         if cfg.runs_node:
             from csi.node import NodeService

@@ -34,6 +34,7 @@ from csi.failures import (
 from csi.filesystems import EXT_TYPES, FS_TYPES
 from csi.mount import Mounter, MountInfo, OnlineGrowthDenied
 from csi.publishing import Publication, Publisher, Source
+from shim import failpoints
 
 GROW_SLACK = 1024**2  # grow at stage only when the device exceeds the filesystem by more than this
 
@@ -49,11 +50,10 @@ class Filesystem(NamedTuple):
 
 
 class VolumeStats(NamedTuple):
-    """What NodeGetVolumeStats reports: a block size, a filesystem's usage, or why the path is wrong."""
+    """What NodeGetVolumeStats reports: a block device's size, or a filesystem's usage."""
 
     block_bytes: int = 0
     usage: devices.Usage | None = None
-    abnormal: str = ""
 
 
 @contextlib.contextmanager
@@ -112,11 +112,22 @@ class Stager:
             self._partitions[volume_id] = partition
         return target
 
-    def known_device(self, volume_id: str) -> str:
-        """The device (or partition) of a volume staged or published before, resolved again."""
+    def knows(self, volume_id: str) -> bool:
+        """True when this process staged or published the volume and has not unstaged it since."""
         with self._lock:
-            partition = self._partitions.get(volume_id, 0)
-        return devices.partition_path(self._backend.resolve_device(volume_id, {}), partition)
+            return volume_id in self._staged_block or volume_id in self._partitions
+
+    def prepared_device(self, volume_id: str, partition: int | None = None) -> str:
+        """The device (or partition) a stage already prepared; never prepares one, so a read or a
+        refusal leaves the host as it was. Not prepared on this host -> NotFoundError."""
+        with os_failures():
+            device = self._backend.prepared_device(volume_id)
+        if device is None:
+            raise NotFoundError(f"volume {volume_id} is not staged on this node")
+        if partition is None:
+            with self._lock:
+                partition = self._partitions.get(volume_id, 0)
+        return devices.partition_path(device, partition)
 
     def _release_if_unused(self, volume_id: str, device: str) -> None:
         """After a failed stage: release the device unless a mount still uses it."""
@@ -142,6 +153,7 @@ class Stager:
     ) -> None:
         """Prepare the device and, for mount access (`fs` given), mount its filesystem at `staging`."""
         device = self.device(volume_id, publish_context, partition)
+        failpoints.hit("node.stage.device-ready")
         if fs is None:
             with self._lock:
                 self._staged_block.add(volume_id)
@@ -176,6 +188,7 @@ class Stager:
         if fs_type == "xfs" and "nouuid" not in mount_flags:
             mount_flags.append("nouuid")  # a restored snapshot or clone shares its source's UUID
         self._mounter.mount(device, staging, fs_type, mount_flags)
+        failpoints.hit("node.stage.mounted")
         if grow:  # xfs grows only while mounted
             self._mounter.grow(device, staging, fs_type)
 
@@ -187,6 +200,7 @@ class Stager:
             if fs.readonly:
                 raise FailedPreconditionError(f"{device} has no filesystem and cannot be formatted read-only")
             self._mounter.mkfs(device, fs.fs_type, fs.options)
+            failpoints.hit("node.stage.formatted")
             return fs.fs_type, False
         if not probe.fs_type:
             raise FailedPreconditionError(
@@ -207,8 +221,10 @@ class Stager:
         if grow and fs_type in EXT_TYPES:  # offline: a full check, then resize2fs
             self._mounter.fsck(device, fs_type, full=True)
             self._mounter.grow(device, staging, fs_type)
-            return fs_type, False
-        self._mounter.fsck(device, fs_type)
+            grow = False
+        else:
+            self._mounter.fsck(device, fs_type)
+        failpoints.hit("node.stage.checked")
         return fs_type, grow
 
     def unstage(self, volume_id: str, staging: str) -> None:
@@ -222,6 +238,7 @@ class Stager:
                         f"volume {volume_id} is still published at {others[0]}; unpublish it first"
                     )
                 self.publisher.peel(staging)
+                failpoints.hit("node.unstage.unmounted")
             with contextlib.suppress(NotFoundError):
                 self._backend.release_device(volume_id)
             with self._lock:
@@ -230,22 +247,34 @@ class Stager:
 
     # ------------------------------------------------------------------ publish
 
-    def publish(
-        self, volume_id: str, publish_context: Mapping[str, str], partition: int, pub: Publication
-    ) -> None:
-        """Bind the staged filesystem (mount access) or the device node (block access) onto the target."""
+    def publish(self, volume_id: str, partition: int, pub: Publication) -> None:
+        """Bind the staged filesystem (mount access) or the staged device node (block access) onto the
+        target. Unknown volume -> NotFoundError; not staged -> FailedPreconditionError; neither prepares
+        anything."""
         with os_failures():
             if pub.block:
-                device = self.device(volume_id, publish_context, partition)
+                device = self._staged_block_device(volume_id, partition)
                 source = Source(device, *devices.devtmpfs_numbers(device))
             else:
                 staged = self._mounter.mount_at(pub.staging)
                 if staged is None:
+                    self._backend.prepared_device(volume_id)  # an unknown volume -> NotFoundError
                     raise FailedPreconditionError(
                         f"volume {volume_id} is not staged at {pub.staging}; call NodeStageVolume first"
                     )
                 source = Source(pub.staging, (staged.major, staged.minor), staged.root)
             self.publisher.publish(volume_id, source, pub)
+
+    def _staged_block_device(self, volume_id: str, partition: int) -> str:
+        try:
+            device = self.prepared_device(volume_id, partition)
+        except NotFoundError:
+            raise FailedPreconditionError(
+                f"volume {volume_id} is not staged on this node; call NodeStageVolume first"
+            ) from None
+        if not devices.is_block_device(device):
+            raise FailedPreconditionError(f"partition {partition} of volume {volume_id} is not staged")
+        return device
 
     def unpublish(self, target: str) -> None:
         """Unmount the target and remove it. Not mounted or missing -> OK."""
@@ -254,30 +283,26 @@ class Stager:
 
     # ------------------------------------------------------------------ stats and expansion
 
-    def stats(self, volume_id: str, path: str) -> VolumeStats:
-        """Size of the volume's device at a block path, or usage of its filesystem mounted at `path`."""
+    def stats(self, volume_id: str, device: str, path: str) -> VolumeStats:
+        """Size of the volume's (prepared) device at a block path, or usage of its filesystem mounted
+        at `path`. A path that is not the volume's device or a mount of it -> NotFoundError (spec: the
+        volume does not exist on that path); what is wrong with a volume is NodeGetVolumeHealth's to say."""
         with os_failures():
-            device = self.known_device(volume_id)
             numbers = _block_numbers(path)
             if numbers is not None:
                 if not devices.belongs(numbers, device):
-                    return VolumeStats(abnormal=f"{path} is not the device of volume {volume_id}")
+                    raise NotFoundError(f"{path} is not the device of volume {volume_id}")
                 return VolumeStats(block_bytes=devices.device_size(path))
             mount = self._mounter.mount_at(path)
             if mount is None or not devices.belongs((mount.major, mount.minor), device):
-                return VolumeStats(abnormal=f"{path} is not a mount of volume {volume_id}")
-            if "ro" in mount.super_options and not mount.readonly:
-                return VolumeStats(
-                    usage=devices.usage(path),
-                    abnormal="the filesystem was remounted read-only (I/O or consistency errors)",
-                )
+                raise NotFoundError(f"{path} is not a mount of volume {volume_id}")
             return VolumeStats(usage=devices.usage(path))
 
-    def expand(self, volume_id: str, path: str, required: int, block: bool) -> int:
-        """Grow the filesystem mounted at `path` to its (already expanded) device; returns the device
-        size (block access: just the size). A device smaller than `required` -> OutOfRangeError."""
+    def expand(self, volume_id: str, device: str, path: str, required: int, block: bool) -> int:
+        """Grow the filesystem mounted at `path` to its (already expanded and prepared) device; returns
+        the device size (block access: just the size). A device smaller than `required` ->
+        OutOfRangeError."""
         with os_failures():
-            device = self.known_device(volume_id)  # resolve_device refreshes the device size
             size = devices.device_size(device)
             if required > size:
                 raise OutOfRangeError(
@@ -298,6 +323,7 @@ class Stager:
             except OnlineGrowthDenied as exc:
                 # csi-rules: a filesystem that cannot grow while published is FAILED_PRECONDITION
                 raise FailedPreconditionError(str(exc)) from exc
+            failpoints.hit("node.expand.grown")
             return size
 
 

@@ -7,6 +7,9 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message
+
 from csi import keys, values
 from csi._proto import csi_pb2
 from csi.failures import InvalidParameterError, OutOfRangeError
@@ -44,6 +47,32 @@ def check_string(value: str, field: str) -> None:
         raise InvalidParameterError(f"{field} contains control characters")
 
 
+def require_id(value: str, field: str) -> None:
+    """A REQUIRED id: present, and within the spec's limits."""
+    require(value, field)
+    check_string(value, field)
+
+
+def check_ids(request: Message, prefix: str = "") -> None:
+    """Every id a request carries (`*_id` and `*_ids` fields, in nested messages too) within the spec's
+    limits: over 128 bytes or holding control characters -> INVALID_ARGUMENT, in every RPC, before any
+    lookup could answer NOT_FOUND. Whether an id is required is the handler's question."""
+    for field, value in request.ListFields():
+        name = prefix + field.name
+        if field.type == FieldDescriptor.TYPE_MESSAGE:
+            if field.message_type is None or field.message_type.GetOptions().map_entry:
+                continue
+            for sub in value if _repeated(field) else [value]:
+                check_ids(sub, name + ".")
+        elif field.type == FieldDescriptor.TYPE_STRING and field.name.endswith(("_id", "_ids")):
+            for item in value if _repeated(field) else [value]:
+                check_string(item, name)
+
+
+def _repeated(field: FieldDescriptor) -> bool:
+    return bool(field.is_repeated)
+
+
 def check_map(values: Mapping[str, str], field: str) -> None:
     """Spec: maps are limited to 4 KiB in total (keys plus values)."""
     size = sum(
@@ -59,18 +88,24 @@ def is_block(cap: csi_pb2.VolumeCapability) -> bool:
     return kind == "block"
 
 
-def check_capability(cap: csi_pb2.VolumeCapability, field: str = "volume_capability") -> None:
-    """One capability: an access type, a known access mode, and no multi-node writers on a filesystem
-    (a filesystem mounted read-write on two hosts at once is corrupted)."""
-    kind = cap.WhichOneof("access_type")
-    if kind is None:
+def check_capability_form(cap: csi_pb2.VolumeCapability, field: str = "volume_capability") -> None:
+    """A well-formed capability: an access type and a known access mode (not UNKNOWN). Whether the
+    volume can serve it is check_capability's question."""
+    if cap.WhichOneof("access_type") is None:
         raise InvalidParameterError(f"{field}: access_type (block or mount) is required")
     mode = cap.access_mode.mode
     if mode == AccessMode.UNKNOWN:
         raise InvalidParameterError(f"{field}: access_mode is required")
     if mode not in AccessMode.Mode.values():
         raise InvalidParameterError(f"{field}: unknown access mode {mode}")
-    if kind == "mount" and mode in MULTI_NODE_WRITER_MODES:
+
+
+def check_capability(cap: csi_pb2.VolumeCapability, field: str = "volume_capability") -> None:
+    """One capability: well-formed, and no multi-node writers on a filesystem (a filesystem mounted
+    read-write on two hosts at once is corrupted)."""
+    check_capability_form(cap, field)
+    mode = cap.access_mode.mode
+    if cap.WhichOneof("access_type") == "mount" and mode in MULTI_NODE_WRITER_MODES:
         raise InvalidParameterError(
             f"{field}: {AccessMode.Mode.Name(mode)} is only supported with block access; "
             "a filesystem cannot be written from several nodes"

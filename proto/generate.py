@@ -36,7 +36,7 @@ def generate(out_dir: Path) -> list[Path]:
     package_import = "from csi._proto import csi_pb2 as csi__pb2"
     grpc_file.write_text(grpc_file.read_text().replace("import csi_pb2 as csi__pb2", package_import))
     init = out_dir / "__init__.py"
-    init.write_text('"""Generated CSI v1.12 stubs; regenerate with `make proto`, never edit by hand."""\n')
+    init.write_text('"""Generated CSI v1.13 stubs; regenerate with `make proto`, never edit by hand."""\n')
     return sorted(out_dir.glob("*.py*"))
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -39,3 +41,14 @@ def require_root() -> None:
         if in_ci():
             pytest.fail("this test needs root", pytrace=False)
         pytest.skip("needs root")
+
+
+@pytest.fixture
+def restore_root_logging() -> Iterator[None]:
+    """For tests that run `ballast-csi` in-process (csi.cli.main sets up logging on the root logger with
+    the stream stderr is then, which pytest closes after the test): puts the root logger back."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers = handlers
+    root.setLevel(level)

@@ -19,6 +19,7 @@ class CsiClient:
     controller: csi_pb2_grpc.ControllerStub
     node: csi_pb2_grpc.NodeStub
     group: csi_pb2_grpc.GroupControllerStub
+    snapshot_metadata: csi_pb2_grpc.SnapshotMetadataStub
 
     def close(self) -> None:
         self.channel.close()
@@ -35,6 +36,7 @@ def connect(endpoint: str, timeout: float = 10.0) -> CsiClient:
         controller=csi_pb2_grpc.ControllerStub(channel),
         node=csi_pb2_grpc.NodeStub(channel),
         group=csi_pb2_grpc.GroupControllerStub(channel),
+        snapshot_metadata=csi_pb2_grpc.SnapshotMetadataStub(channel),
     )
 
 

@@ -8,7 +8,12 @@ through plain attributes:
 - `nodes` is the set of known node ids (attach to anything else -> NotFoundError);
 - `devices[volume_id]` is what resolve_device returns (default `/dev/fake-<volume_id>`);
 - `calls` records (method, args) of every call, `released` the volume ids passed to release_device;
-- `conditions[volume_id]` overrides a volume's reported Condition.
+- `issues[volume_id]` are a volume's health issues (controller side), `storage_issues` the node's;
+  `on_node[volume_id]` is the device prepared on this node (set by resolve_device, cleared by
+  release_device), which prepared_device answers (absent: None);
+- `block_ranges[snapshot_id]` / `block_deltas[(base, target)]` are the ranges the snapshot metadata
+  operations serve (computed at `metadata_block_size`); `stream_failure` = (n, error) makes the next such
+  stream raise `error` after n ranges.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from csi import failures, keys
@@ -24,7 +29,7 @@ from csi.backends import base
 from csi.backends.base import (
     Attachment,
     BackendCapabilities,
-    Condition,
+    BlockMap,
     ContentSource,
     Disk,
     DiskOptions,
@@ -33,8 +38,10 @@ from csi.backends.base import (
     Page,
     Snapshot,
     SourceKind,
+    seek_page,
 )
 from csi.config import Config
+from csi.extents import Range
 from csi.failures import (
     AlreadyExistsError,
     FailedPreconditionError,
@@ -45,6 +52,7 @@ from csi.failures import (
     OutOfCapacityError,
     OutOfRangeError,
 )
+from csi.health import Issue, StorageIssue, VolumeHealth
 
 FAKE_ZONE_KEY = "topology.fake.csi.ballast.dev/zone"
 FAKE_NODE = "node-1"
@@ -64,7 +72,12 @@ def all_capabilities(**overrides: Any) -> BackendCapabilities:
         get_capacity=True,
         modify_volume=True,
         group_snapshots=True,
-        volume_condition=True,
+        volume_health=True,
+        node_volume_health=True,
+        storage_health=True,
+        snapshot_topology=True,
+        snapshot_metadata=True,
+        metadata_block_size=4096,
         single_node_multi_writer=True,
         topology_keys=(FAKE_ZONE_KEY,),
         max_volumes_per_node=16,
@@ -94,7 +107,12 @@ class FakeBackend(base.Backend):
         self.calls: list[tuple[str, tuple[Any, ...]]] = []
         self.devices: dict[str, str] = {}
         self.released: list[str] = []
-        self.conditions: dict[str, Condition] = {}
+        self.issues: dict[str, tuple[Issue, ...]] = {}
+        self.storage_issues: list[StorageIssue] = []
+        self.on_node: dict[str, str] = {}
+        self.block_ranges: dict[str, list[Range]] = {}
+        self.block_deltas: dict[tuple[str, str], list[Range]] = {}
+        self.stream_failure: tuple[int, failures.DriverError] | None = None
         self.ready = True
         self.closed = False
         self.volumes: dict[str, Disk] = {}
@@ -226,17 +244,12 @@ class FakeBackend(base.Backend):
 
     def get_volume(self, volume_id: str) -> Disk:
         self._enter("get_volume", volume_id)
-        disk = self._volume(volume_id)
-        if volume_id in self.conditions:
-            disk = disk._replace(condition=self.conditions[volume_id])
-        return disk
+        return self._volume(volume_id)
 
     def list_volumes(self, max_entries: int = 0, starting_token: str = "") -> Page[Disk]:
         self._enter("list_volumes", max_entries, starting_token)
         with self._lock:
-            items = [
-                v._replace(condition=self.conditions.get(v.id, v.condition)) for v in self.volumes.values()
-            ]
+            items = list(self.volumes.values())
         return self._page(items, max_entries, starting_token, "fvt-")
 
     def expand_volume(self, volume_id: str, size_bytes: int) -> int:
@@ -299,8 +312,16 @@ class FakeBackend(base.Backend):
 
     # ---- snapshots
 
-    def create_snapshot(self, name: str, source_volume_id: str, parameters: Mapping[str, str]) -> Snapshot:
-        self._enter("create_snapshot", name, source_volume_id, dict(parameters))
+    def create_snapshot(
+        self,
+        name: str,
+        source_volume_id: str,
+        parameters: Mapping[str, str],
+        requisite: Sequence[Mapping[str, str]] = (),
+    ) -> Snapshot:
+        self._enter("create_snapshot", name, source_volume_id, dict(parameters), tuple(requisite))
+        if requisite and not any(all(self.topology.get(k) == v for k, v in s.items()) for s in requisite):
+            raise OutOfCapacityError("no requisite topology segment is served by this backend")
         with self._lock:
             for snap in self.snapshots.values():
                 if snap.name == name:
@@ -314,6 +335,7 @@ class FakeBackend(base.Backend):
                 source_volume_id=source_volume_id,
                 size_bytes=disk.size_bytes,
                 created_at=time.time(),
+                topology=(self.topology,) if self.capabilities.snapshot_topology else (),
             )
             self.snapshots[snap.id] = snap
             return snap
@@ -411,8 +433,67 @@ class FakeBackend(base.Backend):
     def resolve_device(self, volume_id: str, publish_context: Mapping[str, str]) -> str:
         self._enter("resolve_device", volume_id, dict(publish_context))
         self._volume(volume_id)
-        return self.devices.get(volume_id, f"/dev/fake-{volume_id}")
+        device = self.devices.get(volume_id, f"/dev/fake-{volume_id}")
+        with self._lock:
+            self.on_node[volume_id] = device
+        return device
+
+    def prepared_device(self, volume_id: str) -> str | None:
+        self._enter("prepared_device", volume_id)
+        self._volume(volume_id)
+        return self.on_node.get(volume_id)
 
     def release_device(self, volume_id: str) -> None:
         self._enter("release_device", volume_id)
+        with self._lock:
+            self.on_node.pop(volume_id, None)
         self.released.append(volume_id)
+
+    # ---- reporting
+
+    def volume_health(self, volume_id: str) -> tuple[Issue, ...]:
+        self._enter("volume_health", volume_id)
+        self._volume(volume_id)
+        return self.issues.get(volume_id, ())
+
+    def list_volume_health(self, max_entries: int = 0, starting_token: str = "") -> Page[VolumeHealth]:
+        self._enter("list_volume_health", max_entries, starting_token)
+        with self._lock:
+            found = [VolumeHealth(v, self.issues[v]) for v in self.volumes if self.issues.get(v)]
+        return seek_page(found, lambda h: h.volume_id, max_entries, starting_token)
+
+    def storage_health(self) -> list[StorageIssue]:
+        self._enter("storage_health")
+        return list(self.storage_issues)
+
+    def _blocks(self, snapshot_id: str, start: int, ranges: list[Range]) -> BlockMap:
+        snap = self.snapshots.get(snapshot_id)
+        if snap is None:
+            raise NotFoundError(f"snapshot {snapshot_id} not found")
+        if start > snap.size_bytes:
+            raise OutOfRangeError(f"starting_offset {start} is past the end of snapshot {snapshot_id}")
+        failure, self.stream_failure = self.stream_failure, None
+        return BlockMap(snap.size_bytes, self._served([r for r in ranges if r.end > start], failure))
+
+    @staticmethod
+    def _served(ranges: list[Range], failure: tuple[int, failures.DriverError] | None) -> Iterator[Range]:
+        for i, r in enumerate(ranges):
+            if failure is not None and i == failure[0]:
+                raise failure[1]
+            yield r
+        if failure is not None and failure[0] >= len(ranges):
+            raise failure[1]
+
+    def snapshot_allocated(
+        self, snapshot_id: str, start: int, block: int, secrets: Mapping[str, str]
+    ) -> BlockMap:
+        self._enter("snapshot_allocated", snapshot_id, start, block, dict(secrets))
+        return self._blocks(snapshot_id, start, self.block_ranges.get(snapshot_id, []))
+
+    def snapshot_delta(
+        self, base_id: str, target_id: str, start: int, block: int, secrets: Mapping[str, str]
+    ) -> BlockMap:
+        self._enter("snapshot_delta", base_id, target_id, start, block, dict(secrets))
+        if base_id not in self.snapshots:
+            raise NotFoundError(f"snapshot {base_id} not found")
+        return self._blocks(target_id, start, self.block_deltas.get((base_id, target_id), []))

@@ -13,6 +13,13 @@ subprocesses) point their endpoint at the proxy instead, and a test scripts what
   (DescribeVolumeStatus, for example).
 - `calls` counts every call by action, including the refused ones, so tests and benchmarks can assert
   API traffic; `reset()` clears everything.
+- `delay(action, seconds)` holds every call of `action` that long before it reaches moto (to make two
+  clients' calls overlap).
+
+Two things real EC2 does that moto does not, always on: CreateVolume with a ClientToken seen before
+answers the first call's volume instead of making another (concurrent calls with one token are
+serialised); and DescribeVolumes pages its answer by MaxResults (5..500, not with VolumeIds, as EC2
+insists) with a NextToken.
 
 One proxy serves one test (or one benchmark); the rules live in this process and take effect for the
 next request.
@@ -24,6 +31,7 @@ import http.client
 import random
 import re
 import threading
+import time
 import urllib.parse
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -50,6 +58,7 @@ class _Rules:
     detached: dict[str, str] = field(default_factory=dict)  # volume id -> the attachment it still shows
     failures: dict[str, list[_Failure]] = field(default_factory=dict)
     answers: dict[str, str] = field(default_factory=dict)
+    delays: dict[str, float] = field(default_factory=dict)
 
 
 class MotoProxy:
@@ -64,6 +73,8 @@ class MotoProxy:
         self.calls: Counter[str] = Counter()
         self.refused: Counter[str] = Counter()
         self.endpoint = ""
+        self._tokens: dict[tuple[str, str], tuple[int, dict[str, str], bytes]] = {}
+        self._token_locks: dict[tuple[str, str], threading.Lock] = {}
 
     # ---- scripting
 
@@ -86,6 +97,11 @@ class MotoProxy:
         with self._lock:
             self._rules.answers[action] = body
 
+    def delay(self, action: str, seconds: float) -> None:
+        """Hold every call of `action` for `seconds` before forwarding it."""
+        with self._lock:
+            self._rules.delays[action] = seconds
+
     def reset(self) -> None:
         with self._lock:
             self._rules = _Rules()
@@ -97,20 +113,48 @@ class MotoProxy:
     def handle(
         self, method: str, path: str, headers: dict[str, str], body: bytes
     ) -> tuple[int, dict[str, str], bytes]:
-        action = _action(body)
+        fields = _fields(body)
+        action = fields.get("Action", "?")
         with self._lock:
             self.calls[action] += 1
-            refusal = self._refusal(action)
+            refusal = self._refusal(action) or _invalid_paging(action, fields)
             canned = self._rules.answers.get(action)
+            delay = self._rules.delays.get(action, 0.0)
         if refusal is not None:
             self.refused[action] += 1
             return _error(refusal)
         if canned is not None:
             return 200, {"Content-Type": "text/xml"}, canned.encode()
+        if delay:
+            time.sleep(delay)
+        token = fields.get("ClientToken", "") if action == "CreateVolume" else ""
+        if token:
+            return self._idempotent(
+                (headers.get("x-moto-account-id", ""), token), method, path, headers, body
+            )
         status, out_headers, payload = self._forward(method, path, headers, body)
         if status == 200:
             payload = self._rewrite(action, payload)
+            if action == "DescribeVolumes" and "MaxResults" in fields:
+                payload = _page(
+                    payload.decode(), int(fields["MaxResults"]), fields.get("NextToken", "")
+                ).encode()
         return status, out_headers, payload
+
+    def _idempotent(
+        self, key: tuple[str, str], method: str, path: str, headers: dict[str, str], body: bytes
+    ) -> tuple[int, dict[str, str], bytes]:
+        """CreateVolume under a client token: the first success is the answer for every later call."""
+        with self._lock:
+            lock = self._token_locks.setdefault(key, threading.Lock())
+        with lock:
+            if key in self._tokens:
+                return self._tokens[key]
+            status, out_headers, payload = self._forward(method, path, headers, body)
+            if status == 200:
+                payload = self._rewrite("CreateVolume", payload)
+                self._tokens[key] = (status, out_headers, payload)
+            return status, out_headers, payload
 
     def _refusal(self, action: str) -> str | None:
         for key in (action, "*"):
@@ -247,9 +291,33 @@ def _detached_attachment(response: str) -> str:
     return f"<attachmentSet><item>{fields}<status>detaching</status></item></attachmentSet>"
 
 
-def _action(body: bytes) -> str:
-    fields = urllib.parse.parse_qs(body.decode(errors="replace"))
-    return fields.get("Action", ["?"])[0]
+def _fields(body: bytes) -> dict[str, str]:
+    """The form fields of an EC2 query request (the first value of each)."""
+    return {k: v[0] for k, v in urllib.parse.parse_qs(body.decode(errors="replace")).items()}
+
+
+def _invalid_paging(action: str, fields: dict[str, str]) -> str | None:
+    """The error EC2 answers for DescribeVolumes paging it does not allow, or None."""
+    if action != "DescribeVolumes" or "MaxResults" not in fields:
+        return None
+    if any(k.startswith("VolumeId.") for k in fields):
+        return "InvalidParameterCombination"
+    if not fields["MaxResults"].isdigit() or not 5 <= int(fields["MaxResults"]) <= 500:
+        return "InvalidParameterValue"
+    return None
+
+
+def _page(text: str, size: int, token: str) -> str:
+    """A DescribeVolumes answer cut to `size` volumes from the offset `token` names, with the next token."""
+    spans = list(_top_items(text))
+    if not spans:
+        return text
+    start = int(token.removeprefix("motoproxy-")) if token.startswith("motoproxy-") else 0
+    kept = "".join(text[a:b] for a, b in spans[start : start + size])
+    tail = text[spans[-1][1] :]
+    if start + size < len(spans):
+        tail = tail.replace("</volumeSet>", f"</volumeSet><nextToken>motoproxy-{start + size}</nextToken>", 1)
+    return text[: spans[0][0]] + kept + tail
 
 
 def _error(code: str) -> tuple[int, dict[str, str], bytes]:

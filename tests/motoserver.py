@@ -50,13 +50,14 @@ def moto_for_tests() -> Iterator[str]:
 _SESSION: list[Any] = []
 
 
-def make_client(endpoint: str, account: str) -> Any:
-    """A boto3 EC2 client for moto over HTTP, dummy credentials, requests tagged with `account`.
-    Clients share one boto3 session so the EC2 service model is loaded once."""
+def make_client(endpoint: str, account: str, service: str = "ec2") -> Any:
+    """A boto3 client (EC2 unless `service` says otherwise, e.g. "ebs") for moto over HTTP, dummy
+    credentials, requests tagged with `account`. Clients share one boto3 session so each service model
+    is loaded once."""
     if not _SESSION:
         _SESSION.append(boto3.session.Session())
     client = _SESSION[0].client(
-        "ec2",
+        service,
         region_name=REGION,
         endpoint_url=endpoint,
         aws_access_key_id="testing",
@@ -67,7 +68,7 @@ def make_client(endpoint: str, account: str) -> Any:
     def tag_account(request: Any, **kwargs: Any) -> None:
         request.headers["x-moto-account-id"] = account
 
-    client.meta.events.register("before-sign.ec2", tag_account)
+    client.meta.events.register(f"before-sign.{service}", tag_account)
     return client
 
 

@@ -1,1 +1,1 @@
-"""Generated CSI v1.12 stubs; regenerate with `make proto`, never edit by hand."""
+"""Generated CSI v1.13 stubs; regenerate with `make proto`, never edit by hand."""

@@ -12,11 +12,31 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class VolumeHealthErrorType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    UNKNOWN_VOLUME_HEALTH_TYPE: _ClassVar[VolumeHealthErrorType]
+    DEGRADED: _ClassVar[VolumeHealthErrorType]
+    INACCESSIBLE: _ClassVar[VolumeHealthErrorType]
+    DATA_LOSS: _ClassVar[VolumeHealthErrorType]
+
+class StorageHealthErrorType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    UNKNOWN_STORAGE_HEALTH_ERROR_TYPE: _ClassVar[StorageHealthErrorType]
+    STORAGE_DEGRADED: _ClassVar[StorageHealthErrorType]
+    STORAGE_UNREACHABLE: _ClassVar[StorageHealthErrorType]
+
 class BlockMetadataType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     UNKNOWN: _ClassVar[BlockMetadataType]
     FIXED_LENGTH: _ClassVar[BlockMetadataType]
     VARIABLE_LENGTH: _ClassVar[BlockMetadataType]
+UNKNOWN_VOLUME_HEALTH_TYPE: VolumeHealthErrorType
+DEGRADED: VolumeHealthErrorType
+INACCESSIBLE: VolumeHealthErrorType
+DATA_LOSS: VolumeHealthErrorType
+UNKNOWN_STORAGE_HEALTH_ERROR_TYPE: StorageHealthErrorType
+STORAGE_DEGRADED: StorageHealthErrorType
+STORAGE_UNREACHABLE: StorageHealthErrorType
 UNKNOWN: BlockMetadataType
 FIXED_LENGTH: BlockMetadataType
 VARIABLE_LENGTH: BlockMetadataType
@@ -77,11 +97,13 @@ class PluginCapability(_message.Message):
             VOLUME_ACCESSIBILITY_CONSTRAINTS: _ClassVar[PluginCapability.Service.Type]
             GROUP_CONTROLLER_SERVICE: _ClassVar[PluginCapability.Service.Type]
             SNAPSHOT_METADATA_SERVICE: _ClassVar[PluginCapability.Service.Type]
+            SNAPSHOT_ACCESSIBILITY_CONSTRAINTS: _ClassVar[PluginCapability.Service.Type]
         UNKNOWN: PluginCapability.Service.Type
         CONTROLLER_SERVICE: PluginCapability.Service.Type
         VOLUME_ACCESSIBILITY_CONSTRAINTS: PluginCapability.Service.Type
         GROUP_CONTROLLER_SERVICE: PluginCapability.Service.Type
         SNAPSHOT_METADATA_SERVICE: PluginCapability.Service.Type
+        SNAPSHOT_ACCESSIBILITY_CONSTRAINTS: PluginCapability.Service.Type
         TYPE_FIELD_NUMBER: _ClassVar[int]
         type: PluginCapability.Service.Type
         def __init__(self, type: _Optional[_Union[PluginCapability.Service.Type, str]] = ...) -> None: ...
@@ -452,12 +474,10 @@ class ListVolumesRequest(_message.Message):
 class ListVolumesResponse(_message.Message):
     __slots__ = ("entries", "next_token")
     class VolumeStatus(_message.Message):
-        __slots__ = ("published_node_ids", "volume_condition")
+        __slots__ = ("published_node_ids",)
         PUBLISHED_NODE_IDS_FIELD_NUMBER: _ClassVar[int]
-        VOLUME_CONDITION_FIELD_NUMBER: _ClassVar[int]
         published_node_ids: _containers.RepeatedScalarFieldContainer[str]
-        volume_condition: VolumeCondition
-        def __init__(self, published_node_ids: _Optional[_Iterable[str]] = ..., volume_condition: _Optional[_Union[VolumeCondition, _Mapping]] = ...) -> None: ...
+        def __init__(self, published_node_ids: _Optional[_Iterable[str]] = ...) -> None: ...
     class Entry(_message.Message):
         __slots__ = ("volume", "status")
         VOLUME_FIELD_NUMBER: _ClassVar[int]
@@ -471,6 +491,69 @@ class ListVolumesResponse(_message.Message):
     next_token: str
     def __init__(self, entries: _Optional[_Iterable[_Union[ListVolumesResponse.Entry, _Mapping]]] = ..., next_token: _Optional[str] = ...) -> None: ...
 
+class ControllerListVolumeHealthRequest(_message.Message):
+    __slots__ = ("max_entries", "starting_token", "secrets")
+    class SecretsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    MAX_ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    STARTING_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    SECRETS_FIELD_NUMBER: _ClassVar[int]
+    max_entries: int
+    starting_token: str
+    secrets: _containers.ScalarMap[str, str]
+    def __init__(self, max_entries: _Optional[int] = ..., starting_token: _Optional[str] = ..., secrets: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class ControllerListVolumeHealthResponse(_message.Message):
+    __slots__ = ("entries", "next_token")
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    entries: _containers.RepeatedCompositeFieldContainer[VolumeHealth]
+    next_token: str
+    def __init__(self, entries: _Optional[_Iterable[_Union[VolumeHealth, _Mapping]]] = ..., next_token: _Optional[str] = ...) -> None: ...
+
+class VolumeHealth(_message.Message):
+    __slots__ = ("volume_id", "health_statuses")
+    class VolumeHealthEntry(_message.Message):
+        __slots__ = ("status", "reason", "message")
+        STATUS_FIELD_NUMBER: _ClassVar[int]
+        REASON_FIELD_NUMBER: _ClassVar[int]
+        MESSAGE_FIELD_NUMBER: _ClassVar[int]
+        status: VolumeHealthErrorType
+        reason: str
+        message: str
+        def __init__(self, status: _Optional[_Union[VolumeHealthErrorType, str]] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+    VOLUME_ID_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_STATUSES_FIELD_NUMBER: _ClassVar[int]
+    volume_id: str
+    health_statuses: _containers.RepeatedCompositeFieldContainer[VolumeHealth.VolumeHealthEntry]
+    def __init__(self, volume_id: _Optional[str] = ..., health_statuses: _Optional[_Iterable[_Union[VolumeHealth.VolumeHealthEntry, _Mapping]]] = ...) -> None: ...
+
+class ControllerGetVolumeHealthRequest(_message.Message):
+    __slots__ = ("volume_id", "secrets")
+    class SecretsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    VOLUME_ID_FIELD_NUMBER: _ClassVar[int]
+    SECRETS_FIELD_NUMBER: _ClassVar[int]
+    volume_id: str
+    secrets: _containers.ScalarMap[str, str]
+    def __init__(self, volume_id: _Optional[str] = ..., secrets: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class ControllerGetVolumeHealthResponse(_message.Message):
+    __slots__ = ("volume_health",)
+    VOLUME_HEALTH_FIELD_NUMBER: _ClassVar[int]
+    volume_health: VolumeHealth
+    def __init__(self, volume_health: _Optional[_Union[VolumeHealth, _Mapping]] = ...) -> None: ...
+
 class ControllerGetVolumeRequest(_message.Message):
     __slots__ = ("volume_id",)
     VOLUME_ID_FIELD_NUMBER: _ClassVar[int]
@@ -480,12 +563,10 @@ class ControllerGetVolumeRequest(_message.Message):
 class ControllerGetVolumeResponse(_message.Message):
     __slots__ = ("volume", "status")
     class VolumeStatus(_message.Message):
-        __slots__ = ("published_node_ids", "volume_condition")
+        __slots__ = ("published_node_ids",)
         PUBLISHED_NODE_IDS_FIELD_NUMBER: _ClassVar[int]
-        VOLUME_CONDITION_FIELD_NUMBER: _ClassVar[int]
         published_node_ids: _containers.RepeatedScalarFieldContainer[str]
-        volume_condition: VolumeCondition
-        def __init__(self, published_node_ids: _Optional[_Iterable[str]] = ..., volume_condition: _Optional[_Union[VolumeCondition, _Mapping]] = ...) -> None: ...
+        def __init__(self, published_node_ids: _Optional[_Iterable[str]] = ...) -> None: ...
     VOLUME_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     volume: Volume
@@ -574,11 +655,12 @@ class ControllerServiceCapability(_message.Message):
             PUBLISH_READONLY: _ClassVar[ControllerServiceCapability.RPC.Type]
             EXPAND_VOLUME: _ClassVar[ControllerServiceCapability.RPC.Type]
             LIST_VOLUMES_PUBLISHED_NODES: _ClassVar[ControllerServiceCapability.RPC.Type]
-            VOLUME_CONDITION: _ClassVar[ControllerServiceCapability.RPC.Type]
             GET_VOLUME: _ClassVar[ControllerServiceCapability.RPC.Type]
             SINGLE_NODE_MULTI_WRITER: _ClassVar[ControllerServiceCapability.RPC.Type]
             MODIFY_VOLUME: _ClassVar[ControllerServiceCapability.RPC.Type]
             GET_SNAPSHOT: _ClassVar[ControllerServiceCapability.RPC.Type]
+            GET_VOLUME_HEALTH: _ClassVar[ControllerServiceCapability.RPC.Type]
+            LIST_VOLUME_HEALTH: _ClassVar[ControllerServiceCapability.RPC.Type]
         UNKNOWN: ControllerServiceCapability.RPC.Type
         CREATE_DELETE_VOLUME: ControllerServiceCapability.RPC.Type
         PUBLISH_UNPUBLISH_VOLUME: ControllerServiceCapability.RPC.Type
@@ -590,11 +672,12 @@ class ControllerServiceCapability(_message.Message):
         PUBLISH_READONLY: ControllerServiceCapability.RPC.Type
         EXPAND_VOLUME: ControllerServiceCapability.RPC.Type
         LIST_VOLUMES_PUBLISHED_NODES: ControllerServiceCapability.RPC.Type
-        VOLUME_CONDITION: ControllerServiceCapability.RPC.Type
         GET_VOLUME: ControllerServiceCapability.RPC.Type
         SINGLE_NODE_MULTI_WRITER: ControllerServiceCapability.RPC.Type
         MODIFY_VOLUME: ControllerServiceCapability.RPC.Type
         GET_SNAPSHOT: ControllerServiceCapability.RPC.Type
+        GET_VOLUME_HEALTH: ControllerServiceCapability.RPC.Type
+        LIST_VOLUME_HEALTH: ControllerServiceCapability.RPC.Type
         TYPE_FIELD_NUMBER: _ClassVar[int]
         type: ControllerServiceCapability.RPC.Type
         def __init__(self, type: _Optional[_Union[ControllerServiceCapability.RPC.Type, str]] = ...) -> None: ...
@@ -603,7 +686,7 @@ class ControllerServiceCapability(_message.Message):
     def __init__(self, rpc: _Optional[_Union[ControllerServiceCapability.RPC, _Mapping]] = ...) -> None: ...
 
 class CreateSnapshotRequest(_message.Message):
-    __slots__ = ("source_volume_id", "name", "secrets", "parameters")
+    __slots__ = ("source_volume_id", "name", "secrets", "parameters", "accessibility_requirements")
     class SecretsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -622,11 +705,13 @@ class CreateSnapshotRequest(_message.Message):
     NAME_FIELD_NUMBER: _ClassVar[int]
     SECRETS_FIELD_NUMBER: _ClassVar[int]
     PARAMETERS_FIELD_NUMBER: _ClassVar[int]
+    ACCESSIBILITY_REQUIREMENTS_FIELD_NUMBER: _ClassVar[int]
     source_volume_id: str
     name: str
     secrets: _containers.ScalarMap[str, str]
     parameters: _containers.ScalarMap[str, str]
-    def __init__(self, source_volume_id: _Optional[str] = ..., name: _Optional[str] = ..., secrets: _Optional[_Mapping[str, str]] = ..., parameters: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    accessibility_requirements: TopologyRequirement
+    def __init__(self, source_volume_id: _Optional[str] = ..., name: _Optional[str] = ..., secrets: _Optional[_Mapping[str, str]] = ..., parameters: _Optional[_Mapping[str, str]] = ..., accessibility_requirements: _Optional[_Union[TopologyRequirement, _Mapping]] = ...) -> None: ...
 
 class CreateSnapshotResponse(_message.Message):
     __slots__ = ("snapshot",)
@@ -635,20 +720,22 @@ class CreateSnapshotResponse(_message.Message):
     def __init__(self, snapshot: _Optional[_Union[Snapshot, _Mapping]] = ...) -> None: ...
 
 class Snapshot(_message.Message):
-    __slots__ = ("size_bytes", "snapshot_id", "source_volume_id", "creation_time", "ready_to_use", "group_snapshot_id")
+    __slots__ = ("size_bytes", "snapshot_id", "source_volume_id", "creation_time", "ready_to_use", "group_snapshot_id", "accessible_topology")
     SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_ID_FIELD_NUMBER: _ClassVar[int]
     SOURCE_VOLUME_ID_FIELD_NUMBER: _ClassVar[int]
     CREATION_TIME_FIELD_NUMBER: _ClassVar[int]
     READY_TO_USE_FIELD_NUMBER: _ClassVar[int]
     GROUP_SNAPSHOT_ID_FIELD_NUMBER: _ClassVar[int]
+    ACCESSIBLE_TOPOLOGY_FIELD_NUMBER: _ClassVar[int]
     size_bytes: int
     snapshot_id: str
     source_volume_id: str
     creation_time: _timestamp_pb2.Timestamp
     ready_to_use: bool
     group_snapshot_id: str
-    def __init__(self, size_bytes: _Optional[int] = ..., snapshot_id: _Optional[str] = ..., source_volume_id: _Optional[str] = ..., creation_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ready_to_use: _Optional[bool] = ..., group_snapshot_id: _Optional[str] = ...) -> None: ...
+    accessible_topology: _containers.RepeatedCompositeFieldContainer[Topology]
+    def __init__(self, size_bytes: _Optional[int] = ..., snapshot_id: _Optional[str] = ..., source_volume_id: _Optional[str] = ..., creation_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ready_to_use: _Optional[bool] = ..., group_snapshot_id: _Optional[str] = ..., accessible_topology: _Optional[_Iterable[_Union[Topology, _Mapping]]] = ...) -> None: ...
 
 class DeleteSnapshotRequest(_message.Message):
     __slots__ = ("snapshot_id", "secrets")
@@ -872,12 +959,10 @@ class NodeGetVolumeStatsRequest(_message.Message):
     def __init__(self, volume_id: _Optional[str] = ..., volume_path: _Optional[str] = ..., staging_target_path: _Optional[str] = ...) -> None: ...
 
 class NodeGetVolumeStatsResponse(_message.Message):
-    __slots__ = ("usage", "volume_condition")
+    __slots__ = ("usage",)
     USAGE_FIELD_NUMBER: _ClassVar[int]
-    VOLUME_CONDITION_FIELD_NUMBER: _ClassVar[int]
     usage: _containers.RepeatedCompositeFieldContainer[VolumeUsage]
-    volume_condition: VolumeCondition
-    def __init__(self, usage: _Optional[_Iterable[_Union[VolumeUsage, _Mapping]]] = ..., volume_condition: _Optional[_Union[VolumeCondition, _Mapping]] = ...) -> None: ...
+    def __init__(self, usage: _Optional[_Iterable[_Union[VolumeUsage, _Mapping]]] = ...) -> None: ...
 
 class VolumeUsage(_message.Message):
     __slots__ = ("available", "total", "used", "unit")
@@ -899,13 +984,51 @@ class VolumeUsage(_message.Message):
     unit: VolumeUsage.Unit
     def __init__(self, available: _Optional[int] = ..., total: _Optional[int] = ..., used: _Optional[int] = ..., unit: _Optional[_Union[VolumeUsage.Unit, str]] = ...) -> None: ...
 
-class VolumeCondition(_message.Message):
-    __slots__ = ("abnormal", "message")
-    ABNORMAL_FIELD_NUMBER: _ClassVar[int]
-    MESSAGE_FIELD_NUMBER: _ClassVar[int]
-    abnormal: bool
-    message: str
-    def __init__(self, abnormal: _Optional[bool] = ..., message: _Optional[str] = ...) -> None: ...
+class NodeGetVolumeHealthRequest(_message.Message):
+    __slots__ = ("volume_id", "volume_publish_path", "staging_target_path")
+    VOLUME_ID_FIELD_NUMBER: _ClassVar[int]
+    VOLUME_PUBLISH_PATH_FIELD_NUMBER: _ClassVar[int]
+    STAGING_TARGET_PATH_FIELD_NUMBER: _ClassVar[int]
+    volume_id: str
+    volume_publish_path: str
+    staging_target_path: str
+    def __init__(self, volume_id: _Optional[str] = ..., volume_publish_path: _Optional[str] = ..., staging_target_path: _Optional[str] = ...) -> None: ...
+
+class NodeGetVolumeHealthResponse(_message.Message):
+    __slots__ = ("volume_health",)
+    VOLUME_HEALTH_FIELD_NUMBER: _ClassVar[int]
+    volume_health: VolumeHealth
+    def __init__(self, volume_health: _Optional[_Union[VolumeHealth, _Mapping]] = ...) -> None: ...
+
+class NodeGetStorageHealthRequest(_message.Message):
+    __slots__ = ("secrets",)
+    class SecretsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    SECRETS_FIELD_NUMBER: _ClassVar[int]
+    secrets: _containers.ScalarMap[str, str]
+    def __init__(self, secrets: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class NodeGetStorageHealthResponse(_message.Message):
+    __slots__ = ("backend_health",)
+    class StorageBackendHealth(_message.Message):
+        __slots__ = ("status", "reason", "message", "volume_capability")
+        STATUS_FIELD_NUMBER: _ClassVar[int]
+        REASON_FIELD_NUMBER: _ClassVar[int]
+        MESSAGE_FIELD_NUMBER: _ClassVar[int]
+        VOLUME_CAPABILITY_FIELD_NUMBER: _ClassVar[int]
+        status: StorageHealthErrorType
+        reason: str
+        message: str
+        volume_capability: VolumeCapability
+        def __init__(self, status: _Optional[_Union[StorageHealthErrorType, str]] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ..., volume_capability: _Optional[_Union[VolumeCapability, _Mapping]] = ...) -> None: ...
+    BACKEND_HEALTH_FIELD_NUMBER: _ClassVar[int]
+    backend_health: _containers.RepeatedCompositeFieldContainer[NodeGetStorageHealthResponse.StorageBackendHealth]
+    def __init__(self, backend_health: _Optional[_Iterable[_Union[NodeGetStorageHealthResponse.StorageBackendHealth, _Mapping]]] = ...) -> None: ...
 
 class NodeGetCapabilitiesRequest(_message.Message):
     __slots__ = ()
@@ -927,16 +1050,18 @@ class NodeServiceCapability(_message.Message):
             STAGE_UNSTAGE_VOLUME: _ClassVar[NodeServiceCapability.RPC.Type]
             GET_VOLUME_STATS: _ClassVar[NodeServiceCapability.RPC.Type]
             EXPAND_VOLUME: _ClassVar[NodeServiceCapability.RPC.Type]
-            VOLUME_CONDITION: _ClassVar[NodeServiceCapability.RPC.Type]
             SINGLE_NODE_MULTI_WRITER: _ClassVar[NodeServiceCapability.RPC.Type]
             VOLUME_MOUNT_GROUP: _ClassVar[NodeServiceCapability.RPC.Type]
+            GET_VOLUME_HEALTH: _ClassVar[NodeServiceCapability.RPC.Type]
+            GET_STORAGE_HEALTH: _ClassVar[NodeServiceCapability.RPC.Type]
         UNKNOWN: NodeServiceCapability.RPC.Type
         STAGE_UNSTAGE_VOLUME: NodeServiceCapability.RPC.Type
         GET_VOLUME_STATS: NodeServiceCapability.RPC.Type
         EXPAND_VOLUME: NodeServiceCapability.RPC.Type
-        VOLUME_CONDITION: NodeServiceCapability.RPC.Type
         SINGLE_NODE_MULTI_WRITER: NodeServiceCapability.RPC.Type
         VOLUME_MOUNT_GROUP: NodeServiceCapability.RPC.Type
+        GET_VOLUME_HEALTH: NodeServiceCapability.RPC.Type
+        GET_STORAGE_HEALTH: NodeServiceCapability.RPC.Type
         TYPE_FIELD_NUMBER: _ClassVar[int]
         type: NodeServiceCapability.RPC.Type
         def __init__(self, type: _Optional[_Union[NodeServiceCapability.RPC.Type, str]] = ...) -> None: ...

@@ -11,14 +11,17 @@ import abc
 import enum
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
-from typing import TYPE_CHECKING, ClassVar, Generic, NamedTuple, Self, TypeVar
+from typing import TYPE_CHECKING, ClassVar, NamedTuple, Self
 
+# Page, seek_page and BlockMap belong to this interface; they live beside it and are re-exported here.
+from csi.backends.paging import Page as Page
+from csi.backends.paging import seek_page as seek_page
+from csi.backends.reporting import BlockMap as BlockMap
+from csi.backends.reporting import Reporting
 from csi.failures import InvalidParameterError, NotFoundError
 
 if TYPE_CHECKING:
     from csi.config import Config
-
-T = TypeVar("T")
 
 # The default of every mapping field: shared by all instances, so it must not be mutable.
 _EMPTY: Mapping[str, str] = MappingProxyType({})
@@ -40,13 +43,6 @@ class ContentSource(NamedTuple):
 
     kind: SourceKind
     id: str
-
-
-class Condition(NamedTuple):
-    """Health of a volume as the backend sees it."""
-
-    abnormal: bool = False
-    message: str = "volume is healthy"
 
 
 class Attachment(NamedTuple):
@@ -89,7 +85,6 @@ class Disk(NamedTuple):
     volume_context: Mapping[str, str] = _EMPTY
     source: ContentSource | None = None
     attachments: Sequence[Attachment] = ()
-    condition: Condition = Condition()
     multi_node: bool = False
 
 
@@ -103,6 +98,8 @@ class Snapshot(NamedTuple):
     created_at: float  # seconds since the epoch
     ready: bool = True
     group_id: str = ""
+    # Where volumes restored from it can be used (SNAPSHOT_ACCESSIBILITY_CONSTRAINTS); empty: anywhere.
+    topology: Sequence[Mapping[str, str]] = ()
 
 
 class GroupSnapshot(NamedTuple):
@@ -123,13 +120,6 @@ class NodeIdentity(NamedTuple):
     topology: Mapping[str, str] = _EMPTY
 
 
-class Page(NamedTuple, Generic[T]):
-    """One page of a listing; `next_token` is empty on the last page."""
-
-    items: Sequence[T]
-    next_token: str = ""
-
-
 class BackendCapabilities(NamedTuple):
     """What a backend can do. The advertised CSI capabilities are derived from this in one place
     (csi/capabilities.py) and enforced at RPC entry."""
@@ -145,7 +135,12 @@ class BackendCapabilities(NamedTuple):
     get_capacity: bool = False
     modify_volume: bool = False
     group_snapshots: bool = False
-    volume_condition: bool = False
+    volume_health: bool = False  # controller: volume_health / list_volume_health
+    node_volume_health: bool = False  # node: prepared_device
+    storage_health: bool = False  # node: storage_health
+    snapshot_topology: bool = False  # snapshots carry where they can be restored (Snapshot.topology)
+    snapshot_metadata: bool = False  # snapshot_allocated / snapshot_delta
+    metadata_block_size: int = 64 * 1024  # the changed-block granularity the backend works in (bytes)
     single_node_multi_writer: bool = False
     topology_keys: tuple[str, ...] = ()
     size_granularity: int = MiB
@@ -157,10 +152,12 @@ class BackendCapabilities(NamedTuple):
 # --------------------------------------------------------------------------- interface
 
 
-class Backend(abc.ABC):
+class Backend(Reporting, abc.ABC):
     """A cloud block-storage provider. Controller methods run in the controller, node methods on the node.
 
     All ids are backend-generated strings; a malformed id raises NotFoundError (not a file/API operation).
+    The optional read-only operations (health, devices on the host, snapshot block metadata) and their
+    contracts are in csi/backends/reporting.py.
     """
 
     capabilities: BackendCapabilities
@@ -180,8 +177,13 @@ class Backend(abc.ABC):
         """True when ready to serve, False while starting. Raises a csi.failures error when broken."""
         return True
 
-    def close(self) -> None:  # noqa: B027 - optional hook
+    def close(self) -> None:
         """Release clients, files and threads. Idempotent."""
+
+    def retries(self) -> Mapping[str, int]:
+        """Calls to the storage API retried since start (throttling, server errors, timeouts), by
+        operation; exported as the counter ballast_backend_retries_total. Default: none."""
+        return {}
 
     # ---- parameters
 
@@ -252,9 +254,19 @@ class Backend(abc.ABC):
 
     # ---- snapshots
 
-    def create_snapshot(self, name: str, source_volume_id: str, parameters: Mapping[str, str]) -> Snapshot:
+    def create_snapshot(
+        self,
+        name: str,
+        source_volume_id: str,
+        parameters: Mapping[str, str],
+        requisite: Sequence[Mapping[str, str]] = (),
+    ) -> Snapshot:
         """Idempotent by name: same name and source return the existing snapshot; another source ->
-        AlreadyExistsError. Missing source -> NotFoundError. No space -> OutOfCapacityError."""
+        AlreadyExistsError. Missing source -> NotFoundError. No space -> OutOfCapacityError.
+
+        `requisite` (passed, as a keyword, only to a backend with `snapshot_topology` and only when the
+        request has accessibility requirements): the snapshot must be restorable in one of those
+        segments (none it can serve -> OutOfCapacityError); Snapshot.topology says where it is."""
         raise InvalidParameterError("this backend does not support snapshots")
 
     def delete_snapshot(self, snapshot_id: str) -> None:
@@ -304,5 +316,17 @@ class Backend(abc.ABC):
         Idempotent (an already prepared device is reused). Missing volume -> NotFoundError. A device that
         cannot be proven to be the volume -> FailedPreconditionError; never a guess."""
 
-    def release_device(self, volume_id: str) -> None:  # noqa: B027 - optional hook
+    def prepared_device(self, volume_id: str) -> str | None:
+        """The device resolve_device already prepared for `volume_id` on this host, verified as there,
+        or None when there is none. Never prepares one: reads and refusals (stats, node expand) use it so
+        that they change nothing. Missing volume -> NotFoundError where the node can tell (a backend
+        whose nodes cannot look volumes up answers None); a device that cannot be proven to be the volume
+        -> FailedPreconditionError. The default suits backends whose resolve_device changes nothing on
+        the host; a backend that attaches in resolve_device overrides it."""
+        try:
+            return self.resolve_device(volume_id, {})
+        except NotFoundError:
+            return None
+
+    def release_device(self, volume_id: str) -> None:
         """Undo node-side preparation done by resolve_device (e.g. detach a loop device). Idempotent."""

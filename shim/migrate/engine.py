@@ -24,7 +24,7 @@ from typing import NamedTuple
 from shim import TranslationError, Translator, failpoints
 from shim.migrate import objects as o
 from shim.migrate.events import NORMAL, WARNING, Ref
-from shim.migrate.journal import CONVERT, ROLLBACK, Journal, JournalError
+from shim.migrate.journal import CONVERT, MIGRATION_FAILPOINTS, ROLLBACK, Journal, JournalError
 from shim.migrate.kube import ApiError
 from shim.migrate.lock import Busy, LockLost, PVLock, PVLocks
 from shim.migrate.steps import STEP_FUNCTIONS, Changed, Context, InUse, Pending, Refused, get_pv, patch_fresh
@@ -245,7 +245,7 @@ class Engine:
         if isinstance(planned, Outcome):
             return planned
         lock.save(planned)
-        failpoints.hit(f"migrate.{direction}.record")
+        failpoints.hit(MIGRATION_FAILPOINTS[direction, "record"])
         return planned
 
     def _drive(self, lock: PVLock) -> Outcome:
@@ -256,7 +256,7 @@ class Engine:
             while journal.step != "done":
                 step = journal.step
                 STEP_FUNCTIONS[step](self.ctx, journal, journal.source)
-                failpoints.hit(f"migrate.{direction}.{step}")
+                failpoints.hit(MIGRATION_FAILPOINTS[direction, step])
                 journal.advance()
                 if journal.step != "done":
                     lock.save(journal)

@@ -30,6 +30,25 @@ ROLLBACK = "rollback"
 DIRECTIONS = (CONVERT, ROLLBACK)
 STEPS = ("retain", "delete", "release", "create", "bound", "restore", "done")
 
+# Crash points (shim/failpoints.py), hit right after each step's work and before the journal records it:
+# (direction, step) -> name. Spelled out so docs/recovery.md can be checked against the source.
+MIGRATION_FAILPOINTS: dict[tuple[str, str], str] = {
+    (CONVERT, "record"): "migrate.convert.record",
+    (CONVERT, "retain"): "migrate.convert.retain",
+    (CONVERT, "delete"): "migrate.convert.delete",
+    (CONVERT, "release"): "migrate.convert.release",
+    (CONVERT, "create"): "migrate.convert.create",
+    (CONVERT, "bound"): "migrate.convert.bound",
+    (CONVERT, "restore"): "migrate.convert.restore",
+    (ROLLBACK, "record"): "migrate.rollback.record",
+    (ROLLBACK, "retain"): "migrate.rollback.retain",
+    (ROLLBACK, "delete"): "migrate.rollback.delete",
+    (ROLLBACK, "release"): "migrate.rollback.release",
+    (ROLLBACK, "create"): "migrate.rollback.create",
+    (ROLLBACK, "bound"): "migrate.rollback.bound",
+    (ROLLBACK, "restore"): "migrate.rollback.restore",
+}
+
 
 class JournalError(ValueError):
     """A journal that cannot be read, or one of a newer format than this version knows."""

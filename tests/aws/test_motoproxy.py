@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -119,3 +121,36 @@ def test_canned_answer_for_an_action_moto_lacks(proxy: MotoProxy, ec2: Any) -> N
     (status,) = ec2.describe_volume_status(VolumeIds=["vol-1"])["VolumeStatuses"]
     assert status["VolumeStatus"]["Status"] == "impaired"
     assert status["VolumeStatus"]["Details"] == [{"Name": "io-enabled", "Status": "failed"}]
+
+
+def test_a_repeated_client_token_answers_the_first_volume(proxy: MotoProxy, ec2: Any) -> None:
+    """As EC2 does (moto ignores ClientToken), and for concurrent calls too."""
+    answers: list[str] = []
+
+    def create() -> None:
+        answers.append(ec2.create_volume(Size=1, AvailabilityZone=ZONE, ClientToken="same")["VolumeId"])
+
+    threads = [threading.Thread(target=create) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    other = ec2.create_volume(Size=1, AvailabilityZone=ZONE, ClientToken="other")["VolumeId"]
+    assert len(answers) == 3 and len(set(answers)) == 1 and other not in answers
+    assert len(ec2.describe_volumes()["Volumes"]) == 2
+
+
+def test_describe_volumes_pages_by_max_results(proxy: MotoProxy, ec2: Any) -> None:
+    made = {ec2.create_volume(Size=1, AvailabilityZone=ZONE)["VolumeId"] for _ in range(7)}
+    first = ec2.describe_volumes(MaxResults=5)
+    assert len(first["Volumes"]) == 5 and first["NextToken"]
+    second = ec2.describe_volumes(MaxResults=5, NextToken=first["NextToken"])
+    assert len(second["Volumes"]) == 2 and "NextToken" not in second
+    assert {v["VolumeId"] for v in first["Volumes"] + second["Volumes"]} == made
+
+
+def test_a_delayed_action_waits(proxy: MotoProxy, ec2: Any) -> None:
+    proxy.delay("DescribeVolumes", 0.3)
+    start = time.monotonic()
+    ec2.describe_volumes()
+    assert time.monotonic() - start >= 0.3

@@ -92,6 +92,17 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         ],
         "volumeSnapshotClasses": [{"name": "local-snapshots"}],
     },
+    "snapshot-metadata": {
+        "backend": {"name": "aws"},
+        "snapshotMetadata": {
+            "enabled": True,
+            "tlsSecretName": "snapshot-metadata-tls",
+            "caCert": "LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCg==",
+            "blockType": "fixed",
+            "blockSize": "512Ki",
+            "resources": {"requests": {"cpu": "10m"}},
+        },
+    },
 }
 VALUE_SET_IDS = list(VALUE_SETS)
 

@@ -99,8 +99,9 @@ def test_every_binding_names_the_service_account_of_its_pod_only(set_id: str) ->
     assert node_account != account
     bindings = of_kind(objects, "ClusterRoleBinding") + of_kind(objects, "RoleBinding")
     roles = {r["metadata"]["name"] for r in of_kind(objects, "ClusterRole") + of_kind(objects, "Role")}
-    snapshotter = values_of(set_id)["sidecars"]["snapshotter"]["enabled"]
-    assert len(of_kind(objects, "ClusterRoleBinding")) == (5 if snapshotter else 4)
+    values = values_of(set_id)
+    optional = values["sidecars"]["snapshotter"]["enabled"] + values["snapshotMetadata"]["enabled"]
+    assert len(of_kind(objects, "ClusterRoleBinding")) == 4 + optional
     for binding in bindings:
         expected = node_account if binding["roleRef"]["name"].endswith("-node") else account
         assert binding["subjects"] == [

@@ -18,6 +18,7 @@ SCHEMAS = Path(__file__).parent / "schemas"
 CRD_SCHEMAS = {
     ("snapshot.storage.k8s.io/v1", "VolumeSnapshotClass"): "volumesnapshotclass-snapshot-v1.json",
     ("monitoring.coreos.com/v1", "ServiceMonitor"): "servicemonitor-monitoring-v1.json",
+    ("cbt.storage.k8s.io/v1alpha1", "SnapshotMetadataService"): "snapshotmetadataservice-cbt-v1alpha1.json",
 }
 
 

@@ -17,7 +17,14 @@ from tests.chart.render import (
     volumes,
 )
 
-CONTROLLER_SIDECARS = ("csi-provisioner", "csi-attacher", "csi-snapshotter", "csi-resizer", "liveness-probe")
+CONTROLLER_SIDECARS = (
+    "csi-provisioner",
+    "csi-attacher",
+    "csi-snapshotter",
+    "csi-resizer",
+    "liveness-probe",
+    "csi-snapshot-metadata",
+)
 EXPECTED_DRIVER = {"local": "local.csi.ballast.dev", "aws": "ebs.csi.aws.com"}
 
 
@@ -39,7 +46,11 @@ def test_controller_sidecars_dial_the_driver_socket(set_id: str) -> None:
     driver_volume = socket_dir_of(deployment, by_name["ballast-plugin"], "/csi/csi.sock")
     assert "emptyDir" in volumes(deployment)[driver_volume]
     sidecars = [n for n in CONTROLLER_SIDECARS if n in by_name]
-    assert len(sidecars) == (5 if values_of(set_id)["sidecars"]["snapshotter"]["enabled"] else 4)
+    values = values_of(set_id)
+    assert (
+        len(sidecars)
+        == 4 + values["sidecars"]["snapshotter"]["enabled"] + values["snapshotMetadata"]["enabled"]
+    )
     for name in sidecars:
         (address,) = flag_values(resolved_args(by_name[name]), "--csi-address")
         assert address == "/csi/csi.sock", name

@@ -7,10 +7,11 @@ so no process outlives a test.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,15 +70,24 @@ def _wait_ready(driver: Driver, timeout: float) -> None:
 
 
 def start_driver(
-    workdir: Path, *extra_args: str, data_dir: Path | None = None, node_id: str = NODE_ID, timeout: float = 30
+    workdir: Path,
+    *extra_args: str,
+    data_dir: Path | None = None,
+    node_id: str = NODE_ID,
+    timeout: float = 30,
+    env: Mapping[str, str] | None = None,
+    wrapper: Sequence[str] = (),
 ) -> Driver:
     """Start `ballast-csi` on `<workdir>/csi.sock` with the local backend in `<workdir>/data` (or
-    `data_dir`), staging/target paths allowed under `workdir`. Returns once Probe answers ready."""
+    `data_dir`), staging/target paths allowed under `workdir`, with `env` added to this process's
+    environment, run by `wrapper` when given (e.g. strace and its options). Returns once Probe answers
+    ready."""
     workdir.mkdir(parents=True, exist_ok=True)
     sock = workdir / "csi.sock"
     data = data_dir or workdir / "data"
     log = workdir / "driver.log"
     argv = [
+        *wrapper,
         str(DRIVER),
         "--endpoint", f"unix://{sock}",
         "--data-dir", str(data),
@@ -86,7 +96,13 @@ def start_driver(
         *extra_args,
     ]  # fmt: skip
     with open(log, "ab") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            argv,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, **(env or {})},
+        )
     driver = Driver(proc=proc, endpoint=f"unix://{sock}", socket=sock, data_dir=data, log=log)
     try:
         _wait_ready(driver, timeout)

@@ -1,7 +1,8 @@
 """csi-sanity (kubernetes-csi/csi-test v5) against the real driver with the local backend.
 
-Every controller capability is on (snapshots, clone, expand, capacity, volume condition, modify with
-mutable parameters, single-node multi-writer, attach limit) plus the group controller. The specs not run
+Every controller capability is on (snapshots with accessibility constraints, clone, expand, capacity,
+volume health, modify with mutable parameters, single-node multi-writer, attach limit) plus the group
+controller. The specs not run
 are listed with their reasons in conftest.SKIPPED_SPECS.
 """
 
@@ -42,6 +43,14 @@ def test_controller_identity_and_group_specs(sanity_dir: Path) -> None:
     )
     assert result.returncode == 0, result.output[-4000:]
     ran = "\n".join(result.passed)
-    for feature in ("ModifyVolume", "GroupController", "CreateSnapshot", "ExpandVolume", "max attach limit"):
+    for feature in (
+        "ModifyVolume",
+        "GroupController",
+        "CreateSnapshot",
+        "ExpandVolume",
+        "max attach limit",
+        "ControllerGetVolumeHealth",
+        "ControllerListVolumeHealth",
+    ):
         assert feature in ran, f"no {feature} spec passed; is the capability advertised?"
     assert driver.proc.returncode == 0, f"driver did not stop cleanly:\n{driver.log.read_text()[-4000:]}"

@@ -3,6 +3,8 @@
 There is no instance metadata here, so the node id (a moto instance), the zone and the region come from
 flags. Controller and identity specs run; node specs need real EBS devices and are covered by
 tests/aws/test_devices.py on a fake device tree. Specs not run are listed in conftest.SKIPPED_SPECS.
+moto lacks DescribeVolumeStatus, which the volume health specs reach: the driver talks to moto through
+the moto proxy, which answers it with EC2's answer for volumes without status events (an empty set).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import pytest
 from tests.conformance.conftest import run_sanity, write_yaml_map
 from tests.conformance.driver import running_driver
 from tests.conftest import require_tool
+from tests.motoproxy import MotoProxy, running_proxy
 from tests.motoserver import running_moto
 
 pytestmark = pytest.mark.slow
@@ -47,10 +50,27 @@ def moto_ec2(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_EC2"):
         monkeypatch.delenv(name, raising=False)
     with running_moto() as endpoint:
+        monkeypatch.setenv("AWS_ENDPOINT_URL_EBS", endpoint)  # the EBS direct API client of the driver
         yield endpoint
 
 
-def test_controller_and_identity_specs_against_moto(sanity_dir: Path, moto_ec2: str) -> None:
+NO_STATUS_EVENTS = (
+    '<DescribeVolumeStatusResponse xmlns="http://ec2.amazonaws.com/doc/2016-11-15/">'
+    "<requestId>motoproxy</requestId><volumeStatusSet/></DescribeVolumeStatusResponse>"
+)
+
+
+@pytest.fixture
+def proxy(moto_ec2: str) -> Iterator[MotoProxy]:
+    """The driver's EC2 endpoint: moto behind the proxy that answers DescribeVolumeStatus."""
+    with running_proxy(moto_ec2) as proxy:
+        proxy.answer("DescribeVolumeStatus", NO_STATUS_EVENTS)
+        yield proxy
+
+
+def test_controller_and_identity_specs_against_moto(
+    sanity_dir: Path, moto_ec2: str, proxy: MotoProxy
+) -> None:
     require_tool("csi-sanity")
     ec2 = boto3.session.Session().client("ec2", region_name=REGION, endpoint_url=moto_ec2)
     node = ec2.run_instances(
@@ -63,7 +83,7 @@ def test_controller_and_identity_specs_against_moto(sanity_dir: Path, moto_ec2: 
     mutable = write_yaml_map(sanity_dir / "mutable.yaml", MUTABLE_PARAMETERS)
     args = (
         "--backend", "aws",
-        "--aws-endpoint-url", moto_ec2,
+        "--aws-endpoint-url", proxy.endpoint,
         "--aws-region", REGION,
         "--zone", ZONE,
         "--max-volumes-per-node", MAX_VOLUMES_PER_NODE,
@@ -90,9 +110,12 @@ def test_controller_and_identity_specs_against_moto(sanity_dir: Path, moto_ec2: 
         "ExpandVolume",
         "ListVolumes",
         "ControllerPublishVolume",
+        "ControllerGetVolumeHealth",
+        "ControllerListVolumeHealth",
     ):
         assert feature in ran, f"no {feature} spec passed; is the capability advertised?"
     left = ec2.describe_volumes(Filters=[{"Name": "tag-key", "Values": ["CSIVolumeName"]}])["Volumes"]
     assert left == [], f"sanity left volumes behind: {[v['VolumeId'] for v in left]}"
     assert driver.proc.returncode == 0, f"driver did not stop cleanly:\n{driver.log.read_text()[-4000:]}"
     assert os.environ["AWS_EC2_METADATA_DISABLED"] == "true"
+    assert proxy.calls["DescribeVolumeStatus"] >= 2, "the health specs reached EBS status checks"

@@ -1,5 +1,6 @@
 """One Backend contract, three implementations: the shared fake, the local backend on a temporary data
-dir, and the aws backend against moto's EC2 server over real HTTP. Each test of the suite runs against
+dir, and the aws backend against moto's EC2 server over real HTTP (through the moto proxy, which answers
+DescribeVolumeStatus, an action moto lacks, with no status events). Each test of the suite runs against
 every `subject`; what a backend does not offer is skipped through its capability flags."""
 
 from __future__ import annotations
@@ -17,7 +18,13 @@ from csi.backends.aws.ec2 import Backoff
 from csi.backends.base import Backend, GiB, MiB
 from csi.backends.local import LocalBackend
 from tests.fakes import FakeBackend
+from tests.motoproxy import running_proxy
 from tests.motoserver import ZONE, make_client, moto_for_tests, run_instance
+
+NO_STATUS_EVENTS = (
+    '<DescribeVolumeStatusResponse xmlns="http://ec2.amazonaws.com/doc/2016-11-15/">'
+    "<requestId>motoproxy</requestId><volumeStatusSet/></DescribeVolumeStatusResponse>"
+)
 
 
 @dataclass
@@ -35,8 +42,9 @@ class Subject:
 
 @pytest.fixture(scope="session")
 def moto_endpoint() -> Iterator[str]:
-    with moto_for_tests() as endpoint:
-        yield endpoint
+    with moto_for_tests() as endpoint, running_proxy(endpoint) as proxy:
+        proxy.answer("DescribeVolumeStatus", NO_STATUS_EVENTS)
+        yield proxy.endpoint
 
 
 def _fake() -> Subject:

@@ -215,12 +215,12 @@ def _host_paths(pod_spec: Obj, pod_dir: Path) -> dict[str, Path]:
 
 def _remap(text: str, mounts: list[tuple[str, Path]]) -> str:
     """Rewrite container paths (a mountPath at the start of the value, after `=` or after `unix://`)
-    to the host directory behind that volume, in one pass (a host path is never rewritten again).
-    Volumes mounted at their own host path (hostPath dirs under the workdir) stay in the pattern, mapped
-    to themselves: the longest mountPath wins, so `/tmp/<workdir>/kubelet` is not taken for `/tmp`."""
-    if all(m == str(h) for m, h in mounts):
-        return text
+    to the host directory behind that volume, in one pass (a host path is never rewritten again). As in
+    a container, the most specific mount wins: a hostPath mounted at its own path inside an emptyDir's
+    mountPath (the data dir under /tmp) stays where it is."""
     moved = {m: str(h) for m, h in mounts}
+    if all(m == h for m, h in moved.items()):
+        return text
     alternatives = "|".join(re.escape(m) for m in sorted(moved, key=len, reverse=True))
     pattern = re.compile(rf"(?:^|(?<==)|(?<=unix://))({alternatives})(?=/|$)")
     return pattern.sub(lambda m: moved[m.group(1)], text)

@@ -8,16 +8,18 @@ after removing them (so a failing test never leaks into the next one).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import struct
-from collections.abc import Iterator
+import subprocess
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
 import pytest
 
-from csi import loop
+from csi import freeze, loop
 from csi._proto import csi_pb2
 from csi.backends.base import DiskOptions
 from csi.config import parse_args
@@ -66,6 +68,7 @@ class NodeEnv:
     client: CsiClient
     staged: dict[str, str] = field(default_factory=dict)
     published: dict[str, str] = field(default_factory=dict)
+    extra_args: list[str] = field(default_factory=list)
     _count: int = 0
 
     @property
@@ -82,6 +85,7 @@ class NodeEnv:
             str(self.kubelet),
             "--node-id",
             NODE_ID,
+            *self.extra_args,
         ]
 
     def volume(self, size: int = 64 * MiB, context: dict[str, str] | None = None) -> Volume:
@@ -183,6 +187,8 @@ def force_clean(tmp: Path, data_dir: Path) -> None:
     mounter = Mounter()
     mounts, loops = leftovers(tmp, data_dir)
     for point in sorted(mounts, key=len, reverse=True):
+        with contextlib.suppress(OSError):
+            freeze.thaw(point)  # an unmounted frozen filesystem would keep its loop device for good
         for _ in range(8):
             if not mounter.unmount(point):
                 break
@@ -192,14 +198,18 @@ def force_clean(tmp: Path, data_dir: Path) -> None:
             loop.detach_file(backing)
 
 
-@pytest.fixture
-def node_env(tmp_path: Path) -> Iterator[NodeEnv]:
-    """The driver (all services, local backend) with kubelet dir and data dir under tmp_path."""
+@contextlib.contextmanager
+def running_node_env(
+    tmp_path: Path, data_dir: Path | None = None, extra_args: Sequence[str] = ()
+) -> Iterator[NodeEnv]:
+    """The driver (all services, local backend) with its kubelet dir under tmp_path and its data dir
+    there too unless given. On exit everything published or staged through the env is undone, and
+    mounts under tmp_path or loop devices over the data dir left behind fail the test (after removal)."""
     require_root()
     for tool in ("mkfs.ext4", "blkid", "e2fsck", "resize2fs"):
         require_tool(tool)
-    kubelet, data_dir = tmp_path / "kubelet", tmp_path / "data"
-    kubelet.mkdir()
+    kubelet, data_dir = tmp_path / "kubelet", data_dir or tmp_path / "data"
+    kubelet.mkdir(parents=True)
     env = NodeEnv(
         tmp=tmp_path,
         kubelet=kubelet,
@@ -207,6 +217,7 @@ def node_env(tmp_path: Path) -> Iterator[NodeEnv]:
         socket=str(tmp_path / "csi.sock"),
         driver=None,  # type: ignore[arg-type]
         client=None,  # type: ignore[arg-type]
+        extra_args=list(extra_args),
     )
     env.start()
     problems: list[str] = []
@@ -239,6 +250,13 @@ def node_env(tmp_path: Path) -> Iterator[NodeEnv]:
         pytest.fail("; ".join(problems), pytrace=False)
 
 
+@pytest.fixture
+def node_env(tmp_path: Path) -> Iterator[NodeEnv]:
+    """The driver (all services, local backend) with kubelet dir and data dir under tmp_path."""
+    with running_node_env(tmp_path) as env:
+        yield env
+
+
 def write_mbr(path: str, start_sector: int, sectors: int) -> None:
     """One Linux partition in a DOS partition table at the start of a volume file."""
     entry = struct.pack("<B3sB3sII", 0, b"\0\0\0", 0x83, b"\0\0\0", start_sector, sectors)
@@ -247,3 +265,38 @@ def write_mbr(path: str, start_sector: int, sectors: int) -> None:
         fh.write(entry)
         fh.seek(510)
         fh.write(b"\x55\xaa")
+
+
+@contextlib.contextmanager
+def loop_filesystem(
+    where: Path, fs_type: str, size: int, mkfs_options: Sequence[str] = (), mount_options: str = ""
+) -> Iterator[Path]:
+    """A fresh filesystem on a loop device over a sparse image in `where`, mounted at `where`/mnt.
+    Unmounted and its loop device detached even when the test fails (only this device, by name)."""
+    require_root()
+    mkfs = require_tool(f"mkfs.{fs_type}")
+    image, mnt = where / f"{fs_type}.img", where / "mnt"
+    mnt.mkdir()
+    with open(image, "wb") as f:
+        f.truncate(size)
+    subprocess.run([mkfs, "-q", *mkfs_options, str(image)], check=True)
+    device = subprocess.run(
+        ["losetup", "--find", "--show", str(image)], check=True, capture_output=True, text=True
+    ).stdout.strip()
+    try:
+        argv = ["mount", "-t", fs_type, *(["-o", mount_options] if mount_options else []), device, str(mnt)]
+        subprocess.run(argv, check=True)
+        try:
+            yield mnt
+        finally:
+            if subprocess.run(["umount", str(mnt)], check=False).returncode != 0:
+                subprocess.run(["umount", "--lazy", str(mnt)], check=False)  # a test left a file open
+    finally:
+        subprocess.run(["losetup", "-d", device], check=False)
+
+
+@pytest.fixture
+def reflink_dir(tmp_path: Path) -> Iterator[Path]:
+    """A fresh xfs with reflink (reflink=1), mounted under tmp_path."""
+    with loop_filesystem(tmp_path, "xfs", 400 * MiB, ["-m", "reflink=1"]) as mnt:
+        yield mnt

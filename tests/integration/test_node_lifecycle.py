@@ -70,7 +70,12 @@ def test_mount_lifecycle_is_idempotent_at_every_step(node_env: NodeEnv, fs_type:
     by_unit = {u.unit: u for u in stats.usage}
     assert 0 < by_unit[Usage.BYTES].used < by_unit[Usage.BYTES].total <= size
     assert by_unit[Usage.INODES].total > by_unit[Usage.INODES].available > 0
-    assert not stats.volume_condition.abnormal
+    health = node_env.client.node.NodeGetVolumeHealth(
+        csi_pb2.NodeGetVolumeHealthRequest(
+            volume_id=vol.id, staging_target_path=vol.staging, volume_publish_path=vol.target
+        )
+    )
+    assert health.volume_health.volume_id == vol.id and list(health.volume_health.health_statuses) == []
 
     node_env.unpublish(vol)
     assert not os.path.exists(vol.target), "unpublish removes the target"
@@ -196,7 +201,6 @@ def test_partition_table_is_never_formatted_and_partition_attribute_selects_one(
     assert info is not None and info.source.endswith("p1")
     node_env.publish(vol, cap, context={"partition": "1"})
     stats = _stats(node_env, vol.id, vol.target)
-    assert not stats.volume_condition.abnormal
     assert stats.usage[0].total < 63 * MiB
 
 
@@ -208,8 +212,7 @@ def test_restart_between_stage_and_publish(node_env: NodeEnv) -> None:
     node_env.stage(vol, cap)  # kubelet may repeat it after a restart
     node_env.publish(vol, cap)
     assert _mounted(vol.target)
-    stats = _stats(node_env, vol.id, vol.target)
-    assert not stats.volume_condition.abnormal
+    assert _stats(node_env, vol.id, vol.target).usage
 
 
 def test_restart_between_stage_and_publish_block(node_env: NodeEnv) -> None:
@@ -294,15 +297,16 @@ def test_expand_beyond_the_device_is_out_of_range(node_env: NodeEnv) -> None:
     assert_code(node_env.client.node.NodeExpandVolume, request, grpc.StatusCode.OUT_OF_RANGE)
 
 
-def test_stats_condition_is_abnormal_when_the_path_is_not_the_volume(node_env: NodeEnv) -> None:
+def test_stats_of_a_path_that_is_not_the_volume_is_not_found(node_env: NodeEnv) -> None:
     vol = node_env.volume()
     cap = mount_cap()
     node_env.stage(vol, cap)
     elsewhere = node_env.kubelet / "pods" / "plain-dir"
     elsewhere.mkdir(parents=True)
-    stats = _stats(node_env, vol.id, str(elsewhere))
-    assert stats.volume_condition.abnormal
-    assert "not a mount" in stats.volume_condition.message
+    request = csi_pb2.NodeGetVolumeStatsRequest(volume_id=vol.id, volume_path=str(elsewhere))
+    assert_code(
+        node_env.client.node.NodeGetVolumeStats, request, grpc.StatusCode.NOT_FOUND, contains="not a mount"
+    )
     missing = csi_pb2.NodeGetVolumeStatsRequest(volume_id=vol.id, volume_path=str(elsewhere / "nope"))
     assert_code(node_env.client.node.NodeGetVolumeStats, missing, grpc.StatusCode.NOT_FOUND)
 

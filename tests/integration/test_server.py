@@ -41,13 +41,14 @@ def _start(tmp_path: Path, *extra: str, umask: int = 0o022) -> subprocess.Popen[
     return proc
 
 
-def _run(sock: Path, data_dir: Path) -> subprocess.CompletedProcess[str]:
+def _run(sock: Path, data_dir: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """One driver run that is expected to stop by itself (a refused start)."""
     return subprocess.run(
         [str(BIN), "--endpoint", f"unix://{sock}", "--data-dir", str(data_dir)],
         capture_output=True,
         text=True,
         timeout=30,
+        env={**os.environ, **(env or {})},
     )
 
 
@@ -125,6 +126,16 @@ def test_refuses_to_replace_a_regular_file(tmp_path: Path) -> None:
     assert done.returncode != 0
     assert "not a socket" in done.stderr
     assert (tmp_path / "t.sock").read_text() == "precious"
+
+
+@pytest.mark.parametrize("spec", ["@2", "local.create.recorded@0", "a,b@x"])
+def test_a_malformed_failpoint_setting_stops_the_start(tmp_path: Path, spec: str) -> None:
+    """BALLAST_FAILPOINTS is parsed at start-up, so a typo stops the driver before it serves (instead of
+    failing the first operation that reaches a step, or never firing)."""
+    done = _run(tmp_path / "t.sock", tmp_path / "d", env={"BALLAST_FAILPOINTS": spec})
+    assert done.returncode == 1
+    assert "BALLAST_FAILPOINTS" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "t.sock").exists() and not (tmp_path / "d").exists()
 
 
 def test_node_mode_serves_no_controller(tmp_path: Path) -> None:

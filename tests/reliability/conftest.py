@@ -166,8 +166,16 @@ class Proc:
     extra: tuple[str, ...] = ()
     current: Driver | None = None
 
-    def start(self) -> Driver:
-        self.current = start_driver(self.workdir, *self.extra, data_dir=self.data_dir)
+    @property
+    def record(self) -> Path:
+        """Where an armed failpoint writes its name and pid before the kill."""
+        return self.workdir / "failpoints.record"
+
+    def start(self, failpoint: str = "") -> Driver:
+        """Start the driver (after killing what is left of the previous one), with `failpoint` armed."""
+        self.kill()
+        env = {"BALLAST_FAILPOINTS": failpoint, "BALLAST_FAILPOINTS_RECORD": str(self.record)}
+        self.current = start_driver(self.workdir, *self.extra, data_dir=self.data_dir, env=env)
         return self.current
 
     def kill(self) -> None:

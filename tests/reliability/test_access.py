@@ -38,7 +38,7 @@ def _options(field: Any) -> Any:
 def secret_methods() -> set[str]:
     """Every RPC whose request has a `secrets` map or a csi_secret field."""
     out = set()
-    for service in ("Controller", "Node", "GroupController", "Identity"):
+    for service in ("Controller", "Node", "GroupController", "Identity", "SnapshotMetadata"):
         for m in csi_pb2.DESCRIPTOR.services_by_name[service].methods:
             if any(
                 f.name == "secrets" or _options(f).Extensions[csi_pb2.csi_secret] for f in m.input_type.fields
@@ -67,7 +67,10 @@ class Recorder:
             self.sent.add(method)
         call: Callable[..., Any] = getattr(getattr(self.client, service), method)
         try:
-            response = retry(call, request) if ok else call(request, timeout=60)
+            if service == "snapshot_metadata":  # a stream: read it all (a failure may come mid-stream)
+                response = list(call(request, timeout=60))
+            else:
+                response = retry(call, request) if ok else call(request, timeout=60)
         except grpc.RpcError as err:
             self.messages.append(err.details() or "")
             assert not ok, f"{method} failed: {err.details()}"
@@ -193,6 +196,8 @@ def lifecycle(r: Recorder, work: Path) -> None:
     r.call("controller", "CreateSnapshot", csi_pb2.CreateSnapshotRequest(name="sec-snap2"), ok=False)
     r.call("controller", "GetSnapshot", csi_pb2.GetSnapshotRequest(snapshot_id=snap), ok=True)
     r.call("controller", "GetSnapshot", csi_pb2.GetSnapshotRequest(snapshot_id="ls-" + "1" * 32), ok=False)
+    health_rpcs(r, vid)
+    snapshot_metadata(r, vid, snap)
     r.call("controller", "ListSnapshots", csi_pb2.ListSnapshotsRequest(snapshot_id=snap), ok=True)
     r.call("controller", "ListSnapshots", csi_pb2.ListSnapshotsRequest(starting_token="forged"), ok=False)
     group = r.call(
@@ -241,6 +246,49 @@ def lifecycle(r: Recorder, work: Path) -> None:
     r.call("controller", "ControllerUnpublishVolume", csi_pb2.ControllerUnpublishVolumeRequest(), ok=False)
     r.call("controller", "DeleteVolume", csi_pb2.DeleteVolumeRequest(volume_id=vid), ok=True)
     r.call("controller", "DeleteVolume", csi_pb2.DeleteVolumeRequest(), ok=False)
+
+
+def health_rpcs(r: Recorder, vid: str) -> None:
+    """The v1.13 health RPCs that carry secrets."""
+    r.call(
+        "controller",
+        "ControllerGetVolumeHealth",
+        csi_pb2.ControllerGetVolumeHealthRequest(volume_id=vid),
+        ok=True,
+    )
+    unknown = csi_pb2.ControllerGetVolumeHealthRequest(volume_id="lv-" + "0" * 32)
+    r.call("controller", "ControllerGetVolumeHealth", unknown, ok=False)
+    r.call("controller", "ControllerListVolumeHealth", csi_pb2.ControllerListVolumeHealthRequest(), ok=True)
+    forged = csi_pb2.ControllerListVolumeHealthRequest(starting_token="forged")
+    r.call("controller", "ControllerListVolumeHealth", forged, ok=False)
+    r.call("node", "NodeGetStorageHealth", csi_pb2.NodeGetStorageHealthRequest(), ok=True)
+
+
+def snapshot_metadata(r: Recorder, vid: str, snap: str) -> None:
+    """Both SnapshotMetadata RPCs (server streams), each with a good and a bad request."""
+    later = r.call(
+        "controller",
+        "CreateSnapshot",
+        csi_pb2.CreateSnapshotRequest(name="sec-later", source_volume_id=vid),
+        ok=True,
+    ).snapshot.snapshot_id
+    delta = csi_pb2.GetMetadataDeltaRequest(base_snapshot_id=snap, target_snapshot_id=later)
+    r.call("snapshot_metadata", "GetMetadataDelta", delta, ok=True)
+    r.call(
+        "snapshot_metadata",
+        "GetMetadataDelta",
+        csi_pb2.GetMetadataDeltaRequest(base_snapshot_id=snap),
+        ok=False,
+    )
+    r.call(
+        "snapshot_metadata",
+        "GetMetadataAllocated",
+        csi_pb2.GetMetadataAllocatedRequest(snapshot_id=snap),
+        ok=True,
+    )
+    past = csi_pb2.GetMetadataAllocatedRequest(snapshot_id=snap, starting_offset=1 << 40)
+    r.call("snapshot_metadata", "GetMetadataAllocated", past, ok=False)
+    r.call("controller", "DeleteSnapshot", csi_pb2.DeleteSnapshotRequest(snapshot_id=later), ok=True)
 
 
 @pytest.mark.root

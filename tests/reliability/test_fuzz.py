@@ -1,13 +1,14 @@
 """Hostile input: hypothesis-generated requests for every unary CSI RPC over the real unix socket, plus
-raw wire bytes that are not valid requests at all.
+raw wire bytes that are not valid requests at all, plus a table of malformed requests per RPC.
 
 Requests are built from the message descriptors, every field drawn from pools that mix well-formed
 values (real volume and snapshot ids, paths under the kubelet dir, known parameter keys, allow-listed
 mount flags) with hostile ones (traversal, paths elsewhere, control characters, unicode, strings and
 maps past the spec's 128-byte / 4 KiB limits, unknown enum values, extreme integers). The driver must
-never crash, never answer UNKNOWN, INTERNAL or UNAVAILABLE, never echo a secret in an error, and never
-touch anything outside its data dir and the kubelet dir: a sentinel tree, the mount table and the loop
-devices are compared before and after.
+never crash, never answer UNKNOWN, INTERNAL or UNAVAILABLE, never echo a secret in an error, and a call
+that fails must leave no trace: the sentinel tree, the mounts under the test's directory, the loop
+devices over its files and the data dir's files are exactly equal before and after it. (The comparison
+is scoped to what this driver could create because other test sessions share the machine.)
 """
 
 from __future__ import annotations
@@ -56,6 +57,13 @@ METHODS = [
     for m in csi_pb2.DESCRIPTOR.services_by_name[service].methods
 ]
 
+UNARY = {
+    m.name: (service, m)
+    for service in SERVICES
+    for m in csi_pb2.DESCRIPTOR.services_by_name[service].methods
+    if not m.client_streaming and not m.server_streaming
+}
+
 
 # ---------------------------------------------------------------------------- the world under test
 
@@ -63,28 +71,68 @@ METHODS = [
 @dataclass
 class Fuzzed:
     env: Local
+    tmp: Path
     sentinel: Path
     volume_id: str
     snapshot_id: str
     publish_context: dict[str, str]
-    before: dict[str, Any]
 
     @property
     def client(self) -> CsiClient:
         return self.env.client
 
 
-def snapshot_fs(sentinel: Path) -> dict[str, Any]:
-    """The sentinel tree (names, sizes, modes, mtimes), the mount table and the bound loop devices."""
+def tree_of(sentinel: Path) -> dict[str, tuple[int, int, int]]:
+    """The sentinel tree: names, sizes, modes, mtimes."""
     tree = {}
     for root, dirs, files in os.walk(sentinel):
         for name in dirs + files:
             p = os.path.join(root, name)
             st_ = os.lstat(p)
             tree[p] = (st_.st_size, st_.st_mode, st_.st_mtime_ns)
-    mounts = {(m.mount_point, m.source) for m in Mounter().mounts()}
-    loops = {dev: loop.backing_file(dev) for dev in loop._bound_devices()}
-    return {"tree": tree, "mounts": mounts, "loops": loops}
+    return tree
+
+
+def host_state(f: Fuzzed) -> dict[str, Any]:
+    """Everything a call could change that this test owns: the sentinel tree, mounts under the test's
+    directory (or of a file in it), loop devices over files in it, and the data dir's image files."""
+    scope = str(f.tmp) + "/"
+    mounts = sorted(
+        (m.mount_point, m.major, m.minor, m.root, m.readonly)
+        for m in Mounter().mounts()
+        if m.mount_point.startswith(scope) or m.source.startswith(scope)
+    )
+    loops = sorted(
+        (dev, backing)
+        for dev in loop._bound_devices()
+        if (backing := loop.backing_file(dev) or "").startswith(scope)
+    )
+    data = f.env.data_dir
+    images = sorted(
+        str(p.relative_to(data)) for sub in ("volumes", "snapshots") for p in (data / sub).iterdir()
+    )
+    return {"tree": tree_of(f.sentinel), "mounts": mounts, "loops": loops, "images": images}
+
+
+def global_mounts_and_loops() -> tuple[set[str], set[str]]:
+    """Every mount point and every loop device's backing file on the machine."""
+    mounts = {m.mount_point for m in Mounter().mounts()}
+    return mounts, {loop.backing_file(d) or "" for d in loop._bound_devices()}
+
+
+def take_down(f: Fuzzed) -> None:
+    """Undo what the fuzzed calls that succeeded set up, through the API: unpublish every mount under
+    the kubelet dir (deepest first), then unstage the seed volume, which releases its loop device."""
+    node = f.client.node
+    points = [m[0] for m in host_state(f)["mounts"] if m[0].startswith(str(f.env.kubelet) + "/")]
+    for point in sorted(points, key=len, reverse=True):
+        node.NodeUnpublishVolume(
+            csi_pb2.NodeUnpublishVolumeRequest(volume_id=f.volume_id, target_path=point), timeout=60
+        )
+    staging = str(f.env.kubelet / "plugins" / "teardown")
+    node.NodeUnstageVolume(
+        csi_pb2.NodeUnstageVolumeRequest(volume_id=f.volume_id, staging_target_path=staging), timeout=60
+    )
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +146,8 @@ def fuzzed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fuzzed]:
     (sentinel / "etc" / "passwd").write_text("root:x:0:0\n")
     (sentinel / "kubelet-lookalike" / "pods").mkdir(parents=True)
     os.symlink(sentinel / "etc", tmp / "kubelet-link")
-    before = snapshot_fs(sentinel)
+    tree_before = tree_of(sentinel)
+    mounts_before, loops_before = global_mounts_and_loops()
     env = start_local(tmp)
     os.symlink(sentinel, env.kubelet / "escape")  # a symlink under the root pointing out of it
     try:
@@ -107,23 +156,23 @@ def fuzzed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fuzzed]:
         snap = env.client.controller.CreateSnapshot(
             csi_pb2.CreateSnapshotRequest(name="fuzz-seed-snap", source_volume_id=vid), timeout=30
         ).snapshot.snapshot_id
-        yield Fuzzed(env, sentinel, vid, snap, pc, before)
+        f = Fuzzed(env, tmp, sentinel, vid, snap, pc)
+        yield f
         assert env.client.identity.Probe(csi_pb2.ProbeRequest(), timeout=10).ready.value
-        after = snapshot_fs(sentinel)
-        assert after["tree"] == before["tree"], "the sentinel tree changed"
-        # Other test sessions on this host may mount and attach under their own pytest directories.
+        assert tree_of(sentinel) == tree_before, "the sentinel tree changed"
+        # Anything outside this test's directory: other sessions mount and attach only under theirs.
         others = str(tmp_path_factory.getbasetemp().parent) + "/"
-
-        def foreign(path: str, allowed: Path) -> bool:
-            inside = path.startswith(str(allowed) + "/")
-            return not inside and (path.startswith(str(tmp) + "/") or not path.startswith(others))
-
-        new_mounts = after["mounts"] - before["mounts"]
-        outside = [m for m in new_mounts if foreign(m[0], env.kubelet)]
-        assert not outside, f"mounts outside the kubelet dir: {outside}"
-        new_loops = {d: b for d, b in after["loops"].items() if before["loops"].get(d) != b}
-        stray = {d: b for d, b in new_loops.items() if b and foreign(b, env.data_dir)}
-        assert not stray, f"loop devices over files outside the data dir: {stray}"
+        mounts_after, loops_after = global_mounts_and_loops()
+        outside = [m for m in mounts_after - mounts_before if not m.startswith(others)]
+        assert not outside, f"mounts outside any test directory: {outside}"
+        stray = [b for b in loops_after - loops_before if b and not b.startswith(others)]
+        assert not stray, f"loop devices over files outside any test directory: {stray}"
+        mine = host_state(f)
+        assert all(m[0].startswith(str(env.kubelet) + "/") for m in mine["mounts"]), mine["mounts"]
+        assert all(b.startswith(str(env.data_dir) + "/") for _, b in mine["loops"]), mine["loops"]
+        take_down(f)
+        left = host_state(f)
+        assert left["mounts"] == [] and left["loops"] == [], f"left behind: {left}"
         assert sorted(p.name for p in tmp.iterdir()) == [
             "csi.sock",
             "data",
@@ -362,15 +411,48 @@ def _stub(f: Fuzzed, service: str) -> Any:
     }[service]
 
 
-def check_answer(call: Any, request: Any) -> None:
+# RPCs that only read: whatever they answer, the host stays exactly as it was.
+READS = frozenset(
+    {
+        "GetPluginInfo",
+        "GetPluginCapabilities",
+        "Probe",
+        "ValidateVolumeCapabilities",
+        "ListVolumes",
+        "GetCapacity",
+        "ControllerGetCapabilities",
+        "ListSnapshots",
+        "GetSnapshot",
+        "ControllerGetVolume",
+        "GroupControllerGetCapabilities",
+        "GetVolumeGroupSnapshot",
+        "NodeGetVolumeStats",
+        "NodeGetCapabilities",
+        "NodeGetInfo",
+    }
+)
+
+
+def answer(f: Fuzzed, method: str, request: Any) -> grpc.StatusCode:
+    """Call `method`; an error must carry a spec code and an actionable message without secrets or
+    traceback. A call that fails, or only reads, must leave the host exactly as it was. Returns the code."""
+    call = _call(f, method)
+    before = host_state(f)
     try:
         call(request, timeout=60)
+        if method in READS:
+            assert host_state(f) == before, f"{method} only reads but changed the host: {request!r:.2000}"
     except grpc.RpcError as err:
         code, details = err.code(), err.details() or ""
         assert code in ALLOWED, f"{code.name}: {details} for {request!r:.2000}"
         assert SECRET not in details, "a secret was echoed in an error message"
         assert "Traceback" not in details
         assert details, "an error without a message"
+        after = host_state(f)
+        changed = {k: (before[k], after[k]) for k in before if before[k] != after[k]}
+        assert not changed, f"{code.name} ({details}) changed the host: {changed} for {request!r:.2000}"
+        return code
+    return grpc.StatusCode.OK
 
 
 # ---------------------------------------------------------------------------- the tests
@@ -393,15 +475,23 @@ SMALL_NAME = st.text(alphabet="abc", min_size=1, max_size=3)
 
 def _base(method: str, f: Fuzzed, draw: st.DrawFn) -> Message | None:
     """A well-formed request for `method`, to be partly overwritten with hostile values."""
-    k = str(f.env.kubelet)
     n = draw(SMALL_NAME)
+    size = draw(st.sampled_from([MiB, 16 * MiB, 32 * MiB]))
+    return well_formed(method, f, n, size, draw(st.sampled_from(["", "ext4"])))
+
+
+def well_formed(
+    method: str, f: Fuzzed, n: str = "wf", size: int = 16 * MiB, fs: str = "ext4"
+) -> Message | None:
+    """A well-formed request for `method` on the seed volume (None for the RPCs without one here)."""
+    k = str(f.env.kubelet)
     staging, target = f"{k}/plugins/{n}/globalmount", f"{k}/pods/{n}/mount"
-    size = csi_pb2.CapacityRange(required_bytes=draw(st.sampled_from([MiB, 16 * MiB, 32 * MiB])))
-    cap = mount_cap(draw(st.sampled_from(["", "ext4"])))
+    cap = mount_cap(fs)
     vid = f.volume_id
+    sizes = csi_pb2.CapacityRange(required_bytes=size)
     bases: dict[str, Any] = {
         "CreateVolume": lambda: csi_pb2.CreateVolumeRequest(
-            name=f"fz-{n}", capacity_range=size, volume_capabilities=[cap]
+            name=f"fz-{n}", capacity_range=sizes, volume_capabilities=[cap]
         ),
         "DeleteVolume": lambda: csi_pb2.DeleteVolumeRequest(volume_id=vid),
         "ControllerPublishVolume": lambda: csi_pb2.ControllerPublishVolumeRequest(
@@ -413,8 +503,17 @@ def _base(method: str, f: Fuzzed, draw: st.DrawFn) -> Message | None:
         ),
         "CreateSnapshot": lambda: csi_pb2.CreateSnapshotRequest(name=f"fz-{n}", source_volume_id=vid),
         "DeleteSnapshot": lambda: csi_pb2.DeleteSnapshotRequest(snapshot_id=f.snapshot_id),
+        "GetSnapshot": lambda: csi_pb2.GetSnapshotRequest(snapshot_id=f.snapshot_id),
+        "ListSnapshots": lambda: csi_pb2.ListSnapshotsRequest(source_volume_id=vid),
+        "ControllerGetVolume": lambda: csi_pb2.ControllerGetVolumeRequest(volume_id=vid),
+        "GetVolumeGroupSnapshot": lambda: csi_pb2.GetVolumeGroupSnapshotRequest(
+            group_snapshot_id="lg-" + "0" * 32
+        ),
+        "DeleteVolumeGroupSnapshot": lambda: csi_pb2.DeleteVolumeGroupSnapshotRequest(
+            group_snapshot_id="lg-" + "0" * 32
+        ),
         "ControllerExpandVolume": lambda: csi_pb2.ControllerExpandVolumeRequest(
-            volume_id=vid, capacity_range=size
+            volume_id=vid, capacity_range=sizes
         ),
         "ControllerModifyVolume": lambda: csi_pb2.ControllerModifyVolumeRequest(
             volume_id=vid, mutable_parameters={"iops": "100"}
@@ -461,12 +560,11 @@ def test_every_rpc_answers_hostile_requests_with_a_spec_code(
     fuzzed: Fuzzed, service: str, method: str
 ) -> None:
     descriptor = csi_pb2.DESCRIPTOR.services_by_name[service].methods_by_name[method].input_type
-    call = getattr(_stub(fuzzed, service), method)
 
     @SETTINGS
     @given(st.data())
     def run(data: st.DataObject) -> None:
-        check_answer(call, data.draw(hostile(method, descriptor, fuzzed)))
+        answer(fuzzed, method, data.draw(hostile(method, descriptor, fuzzed)))
 
     run()
 
@@ -524,3 +622,212 @@ def test_node_id_and_publish_context_cannot_redirect_to_another_file(fuzzed: Fuz
         loop.backing_file(d) == str(fuzzed.sentinel / "etc" / "passwd") for d in loop._bound_devices()
     )
     assert NODE_ID
+
+
+# ---------------------------------------------------------------------------- malformed, per RPC
+
+Code = grpc.StatusCode
+BAD_IDS = [pytest.param("i" * 129, id="over-128-bytes"), pytest.param("lv-\x01", id="control-character")]
+
+
+def _id_fields(descriptor: Descriptor, prefix: str = "", depth: int = 0) -> Iterator[str]:
+    """Dotted paths of every id field (`*_id`, `*_ids`) of a request, nested messages included."""
+    for field in descriptor.fields:
+        if field.type == FieldDescriptor.TYPE_STRING and field.name.endswith(("_id", "_ids")):
+            yield prefix + field.name
+        elif field.type == FieldDescriptor.TYPE_MESSAGE and not _is_map(field) and depth < 3:
+            yield from _id_fields(_some(field.message_type), f"{prefix}{field.name}.", depth + 1)
+
+
+ID_CASES = [
+    pytest.param(method, path, id=f"{method}.{path}")
+    for method, (_, m) in UNARY.items()
+    for path in _id_fields(m.input_type)
+]
+
+
+def _set(request: Message, path: str, value: str) -> None:
+    *parents, leaf = path.split(".")
+    target: Any = request
+    for name in parents:
+        target = getattr(target, name)
+    if isinstance(getattr(target, leaf), str):
+        setattr(target, leaf, value)
+    else:
+        del getattr(target, leaf)[:]
+        getattr(target, leaf).append(value)
+
+
+def _request(f: Fuzzed, method: str) -> Message:
+    m = UNARY[method][1]
+    base = well_formed(method, f)
+    return base if base is not None else _nested_class(m.input_type)()
+
+
+def _call(f: Fuzzed, method: str) -> Any:
+    return getattr(_stub(f, UNARY[method][0]), method)
+
+
+def test_the_id_table_covers_every_rpc_with_an_id() -> None:
+    covered = {case.values[0] for case in ID_CASES}
+    assert {"DeleteVolume", "NodeStageVolume", "CreateVolumeGroupSnapshot", "ListSnapshots"} <= covered
+    assert any(case.values[1] == "volume_content_source.snapshot.snapshot_id" for case in ID_CASES)
+
+
+@pytest.mark.parametrize("bad", BAD_IDS)
+@pytest.mark.parametrize(("method", "path"), ID_CASES)
+def test_an_id_past_the_limits_is_invalid_argument_in_every_rpc(
+    fuzzed: Fuzzed, method: str, path: str, bad: str
+) -> None:
+    """Spec "Size Limits" and string rules: an id over 128 bytes or with control characters is a malformed
+    request, whatever RPC carries it (a delete too, where an unknown id would be OK)."""
+    request = _request(fuzzed, method)
+    _set(request, path, bad)
+    assert answer(fuzzed, method, request) == Code.INVALID_ARGUMENT
+
+
+REQUIRED = {
+    "CreateVolume": ["name", "volume_capabilities"],
+    "DeleteVolume": ["volume_id"],
+    "ControllerPublishVolume": ["volume_id", "node_id", "volume_capability"],
+    "ControllerUnpublishVolume": ["volume_id"],
+    "ValidateVolumeCapabilities": ["volume_id", "volume_capabilities"],
+    "CreateSnapshot": ["name", "source_volume_id"],
+    "DeleteSnapshot": ["snapshot_id"],
+    "GetSnapshot": ["snapshot_id"],
+    "ControllerExpandVolume": ["volume_id", "capacity_range"],
+    "ControllerGetVolume": ["volume_id"],
+    "ControllerModifyVolume": ["volume_id", "mutable_parameters"],
+    "CreateVolumeGroupSnapshot": ["name", "source_volume_ids"],
+    "DeleteVolumeGroupSnapshot": ["group_snapshot_id"],
+    "GetVolumeGroupSnapshot": ["group_snapshot_id"],
+    "NodeStageVolume": ["volume_id", "staging_target_path", "volume_capability"],
+    "NodeUnstageVolume": ["volume_id", "staging_target_path"],
+    "NodePublishVolume": ["volume_id", "target_path", "volume_capability", "staging_target_path"],
+    "NodeUnpublishVolume": ["volume_id", "target_path"],
+    "NodeGetVolumeStats": ["volume_id", "volume_path"],
+    "NodeExpandVolume": ["volume_id", "volume_path"],
+}
+# Where the spec names another code than INVALID_ARGUMENT for a missing field.
+SPEC_CODE = {("NodePublishVolume", "staging_target_path"): Code.FAILED_PRECONDITION}
+
+
+@pytest.mark.parametrize(
+    ("method", "field"),
+    [pytest.param(m, fld, id=f"{m}-no-{fld}") for m, fields in REQUIRED.items() for fld in fields],
+)
+def test_a_missing_required_field_is_invalid_argument(fuzzed: Fuzzed, method: str, field: str) -> None:
+    request = _request(fuzzed, method)
+    assert request.ListFields(), f"no well-formed {method} request to start from"
+    request.ClearField(field)
+    expected = SPEC_CODE.get((method, field), Code.INVALID_ARGUMENT)
+    assert answer(fuzzed, method, request) == expected
+
+
+AM = csi_pb2.VolumeCapability.AccessMode
+NO_ACCESS_TYPE = csi_pb2.VolumeCapability(access_mode=AM(mode=AM.SINGLE_NODE_WRITER))
+MODE_UNKNOWN = csi_pb2.VolumeCapability(
+    mount=csi_pb2.VolumeCapability.MountVolume(), access_mode=AM(mode=AM.UNKNOWN)
+)
+CAPABILITY_FIELDS = {
+    "CreateVolume": "volume_capabilities",
+    "ValidateVolumeCapabilities": "volume_capabilities",
+    "ControllerPublishVolume": "volume_capability",
+    "ControllerExpandVolume": "volume_capability",
+    "NodeStageVolume": "volume_capability",
+    "NodePublishVolume": "volume_capability",
+    "NodeExpandVolume": "volume_capability",
+    "GetCapacity": "volume_capabilities",
+}
+
+
+@pytest.mark.parametrize(
+    "cap", [pytest.param(NO_ACCESS_TYPE, id="no-access-type"), pytest.param(MODE_UNKNOWN, id="mode-unknown")]
+)
+@pytest.mark.parametrize("method", list(CAPABILITY_FIELDS))
+def test_a_malformed_capability_is_invalid_argument(
+    fuzzed: Fuzzed, method: str, cap: csi_pb2.VolumeCapability
+) -> None:
+    """Every RPC that takes a capability refuses a malformed one (ValidateVolumeCapabilities too: only a
+    well-formed capability can be merely unsupported)."""
+    request = _request(fuzzed, method)
+    field = getattr(request, CAPABILITY_FIELDS[method])
+    if isinstance(field, csi_pb2.VolumeCapability):
+        field.CopyFrom(cap)
+    else:
+        field.append(cap)
+    assert answer(fuzzed, method, request) == Code.INVALID_ARGUMENT
+
+
+UNKNOWN_VOLUME = "lv-" + "0" * 32
+UNKNOWN_SNAPSHOT = "ls-" + "0" * 32
+UNKNOWN = {
+    # method: (field path, unknown id, the spec's code)
+    "DeleteVolume": ("volume_id", UNKNOWN_VOLUME, Code.OK),
+    "ControllerPublishVolume": ("volume_id", UNKNOWN_VOLUME, Code.NOT_FOUND),
+    "ControllerUnpublishVolume": ("volume_id", UNKNOWN_VOLUME, Code.OK),
+    "ValidateVolumeCapabilities": ("volume_id", UNKNOWN_VOLUME, Code.NOT_FOUND),
+    "CreateSnapshot": ("source_volume_id", UNKNOWN_VOLUME, Code.NOT_FOUND),
+    "DeleteSnapshot": ("snapshot_id", UNKNOWN_SNAPSHOT, Code.OK),
+    "GetSnapshot": ("snapshot_id", UNKNOWN_SNAPSHOT, Code.NOT_FOUND),
+    "ListSnapshots": ("source_volume_id", UNKNOWN_VOLUME, Code.OK),
+    "ControllerExpandVolume": ("volume_id", UNKNOWN_VOLUME, Code.NOT_FOUND),
+    "ControllerGetVolume": ("volume_id", UNKNOWN_VOLUME, Code.NOT_FOUND),
+    "ControllerModifyVolume": ("volume_id", UNKNOWN_VOLUME, Code.NOT_FOUND),
+    "CreateVolume": ("volume_content_source.snapshot.snapshot_id", UNKNOWN_SNAPSHOT, Code.NOT_FOUND),
+    "CreateVolumeGroupSnapshot": ("source_volume_ids", UNKNOWN_VOLUME, Code.NOT_FOUND),
+    "DeleteVolumeGroupSnapshot": ("group_snapshot_id", "lg-" + "1" * 32, Code.OK),
+    "GetVolumeGroupSnapshot": ("group_snapshot_id", "lg-" + "1" * 32, Code.NOT_FOUND),
+    "NodeStageVolume": ("volume_id", UNKNOWN_VOLUME, Code.NOT_FOUND),
+    "NodeUnstageVolume": ("volume_id", UNKNOWN_VOLUME, Code.OK),
+    "NodePublishVolume": ("volume_id", UNKNOWN_VOLUME, Code.NOT_FOUND),
+    "NodeUnpublishVolume": ("volume_id", UNKNOWN_VOLUME, Code.OK),
+    "NodeGetVolumeStats": ("volume_id", UNKNOWN_VOLUME, Code.NOT_FOUND),
+    "NodeExpandVolume": ("volume_id", UNKNOWN_VOLUME, Code.NOT_FOUND),
+}
+
+
+@pytest.mark.parametrize("method", list(UNKNOWN))
+def test_an_unknown_id_is_not_found_or_ok_where_the_spec_says(fuzzed: Fuzzed, method: str) -> None:
+    path, unknown, expected = UNKNOWN[method]
+    request = _request(fuzzed, method)
+    _set(request, path, unknown)
+    assert answer(fuzzed, method, request) == expected
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        pytest.param("NodeGetVolumeStats", "kubelet", id="stats-at-the-kubelet-root"),
+        pytest.param("NodeGetVolumeStats", "sentinel", id="stats-outside-the-roots"),
+        pytest.param("NodeExpandVolume", "kubelet", id="expand-at-the-kubelet-root"),
+        pytest.param("NodeExpandVolume", "sentinel", id="expand-outside-the-roots"),
+    ],
+)
+def test_reads_outside_the_allowed_roots_are_not_found(fuzzed: Fuzzed, method: str, path: str) -> None:
+    """A staged volume asked about at an existing directory that is no volume path (the kubelet root
+    itself, a directory elsewhere): NOT_FOUND, the volume is not there (csi-sanity expects that code for a
+    relative path), and (checked by `answer`) nothing changes."""
+    env = fuzzed.env
+    vid = env.create(16 * MiB, name=f"staged-{method}-{path}")
+    env.client.node.NodeStageVolume(env.stage_request(vid, env.publish_context(vid)), timeout=60)
+    try:
+        request: Any = _request(fuzzed, method)
+        request.volume_id = vid
+        request.volume_path = str(env.kubelet if path == "kubelet" else fuzzed.sentinel / "etc")
+        assert answer(fuzzed, method, request) == Code.NOT_FOUND
+    finally:
+        env.unstage(vid)
+
+
+@pytest.mark.parametrize("method", ["NodeGetVolumeStats", "NodeExpandVolume"])
+def test_reads_of_an_unstaged_volume_are_not_found_and_prepare_nothing(fuzzed: Fuzzed, method: str) -> None:
+    """A volume that exists but is not staged, asked about at an existing path under the roots: NOT_FOUND,
+    and no loop device is bound over its file (the bug this replaces bound one and never released it)."""
+    unstaged = fuzzed.env.create(16 * MiB, name=f"unstaged-{method}")
+    (fuzzed.env.kubelet / "plugins" / "unstaged").mkdir(parents=True, exist_ok=True)
+    request: Any = _request(fuzzed, method)
+    request.volume_id = unstaged
+    request.volume_path = str(fuzzed.env.kubelet / "plugins" / "unstaged")
+    assert answer(fuzzed, method, request) == Code.NOT_FOUND
+    assert not [b for _, b in host_state(fuzzed)["loops"] if unstaged in b]

@@ -322,6 +322,30 @@ def test_validate_volume_capabilities_codes(env: Env) -> None:
     assert code_of(env.ctl.ValidateVolumeCapabilities, no_caps) == Code.INVALID_ARGUMENT
 
 
+@pytest.mark.parametrize(
+    "cap",
+    [
+        pytest.param(
+            csi_pb2.VolumeCapability(access_mode=AM(mode=AM.SINGLE_NODE_WRITER)), id="no-access-type"
+        ),
+        pytest.param(mount(AM.UNKNOWN), id="access-mode-unknown"),
+        pytest.param(
+            csi_pb2.VolumeCapability(mount=csi_pb2.VolumeCapability.MountVolume()), id="no-access-mode"
+        ),
+        pytest.param(mount(99), id="access-mode-out-of-enum"),
+    ],
+)
+def test_validate_volume_capabilities_refuses_a_malformed_capability(
+    env: Env, cap: csi_pb2.VolumeCapability
+) -> None:
+    """Spec: a malformed capability is INVALID_ARGUMENT, for a volume that exists as for one that does not
+    (the request is checked before the lookup); only a well-formed one can be merely unsupported."""
+    vol = env.create()
+    for vid in (vol.volume_id, "fv-x"):
+        req = csi_pb2.ValidateVolumeCapabilitiesRequest(volume_id=vid, volume_capabilities=[mount(), cap])
+        assert code_of(env.ctl.ValidateVolumeCapabilities, req) == Code.INVALID_ARGUMENT
+
+
 def test_list_volumes_pages_and_reports_published_nodes(env: Env) -> None:
     ids = [env.create(f"v{i}").volume_id for i in range(5)]
     env.ctl.ControllerPublishVolume(
@@ -340,7 +364,7 @@ def test_list_volumes_pages_and_reports_published_nodes(env: Env) -> None:
             break
     assert [e.volume.volume_id for e in seen] == ids
     assert list(seen[0].status.published_node_ids) == [FAKE_NODE]
-    assert seen[0].status.volume_condition.abnormal is False
+    assert [f.name for f, _ in seen[0].status.ListFields()] == ["published_node_ids"]  # v1.13: no condition
     bad = csi_pb2.ListVolumesRequest(starting_token="not-a-token")
     assert code_of(env.ctl.ListVolumes, bad) == Code.ABORTED
 
@@ -450,15 +474,15 @@ def test_expand_published_volume_without_online_support_fails(env: Env) -> None:
     assert code_of(env.ctl.ControllerExpandVolume, req) == Code.FAILED_PRECONDITION
 
 
-def test_get_volume_reports_condition(env: Env) -> None:
+def test_get_volume_reports_the_volume_and_where_it_is_published(env: Env) -> None:
     vol = env.create()
-    env.backend.conditions[vol.volume_id] = base.Condition(abnormal=True, message="backing file missing")
+    publish = csi_pb2.ControllerPublishVolumeRequest(
+        volume_id=vol.volume_id, node_id=FAKE_NODE, volume_capability=mount()
+    )
+    env.ctl.ControllerPublishVolume(publish, CTX)
     resp = env.ctl.ControllerGetVolume(csi_pb2.ControllerGetVolumeRequest(volume_id=vol.volume_id), CTX)
     assert resp.volume.volume_id == vol.volume_id
-    assert (resp.status.volume_condition.abnormal, resp.status.volume_condition.message) == (
-        True,
-        "backing file missing",
-    )
+    assert list(resp.status.published_node_ids) == [FAKE_NODE]
     missing = csi_pb2.ControllerGetVolumeRequest(volume_id="fv-x")
     assert code_of(env.ctl.ControllerGetVolume, missing) == Code.NOT_FOUND
 
@@ -471,7 +495,7 @@ def test_get_volume_reports_condition(env: Env) -> None:
             {"iops": "300", "color": "red"}, Code.INVALID_ARGUMENT, {}, id="one-unknown-key-no-change"
         ),
         pytest.param({"tier": "gold"}, Code.INVALID_ARGUMENT, {}, id="bad-value"),
-        pytest.param({}, Code.OK, {}, id="nothing-to-change"),
+        pytest.param({}, Code.INVALID_ARGUMENT, {}, id="empty-is-invalid"),
     ],
 )
 def test_modify_volume(env: Env, params: dict[str, str], code: Code, after: dict[str, str]) -> None:
@@ -523,7 +547,8 @@ def test_controller_capabilities_advertise_single_node_multi_writer(env: Env) ->
     resp = env.ctl.ControllerGetCapabilities(csi_pb2.ControllerGetCapabilitiesRequest(), CTX)
     rpcs = {c.rpc.type for c in resp.capabilities}
     RPC = csi_pb2.ControllerServiceCapability.RPC
-    assert {RPC.SINGLE_NODE_MULTI_WRITER, RPC.MODIFY_VOLUME, RPC.VOLUME_CONDITION, RPC.CLONE_VOLUME} <= rpcs
+    assert {RPC.SINGLE_NODE_MULTI_WRITER, RPC.MODIFY_VOLUME, RPC.GET_VOLUME_HEALTH, RPC.CLONE_VOLUME} <= rpcs
+    assert RPC.LIST_VOLUME_HEALTH in rpcs
 
 
 # ---- group snapshots

@@ -15,6 +15,9 @@ from csi import failures, keys
 from csi.backends import base
 from csi.backends.base import ContentSource, DiskOptions, SourceKind
 from csi.backends.local import LocalBackend, files
+from csi.backends.local.health import Ledger
+from csi.backends.local.state import Store
+from csi.health import Status
 
 GiB, MiB = base.GiB, base.MiB
 DRIVER = "local.csi.ballast.dev"
@@ -39,6 +42,9 @@ class FakeLoop:
         self.devices[dev] = backing_file
         self.sizes[dev] = os.stat(backing_file).st_size
         return dev
+
+    def bound(self, backing_file: str) -> str | None:
+        return next((d for d, p in self.devices.items() if p == backing_file), None)
 
     def detach_file(self, backing_file: str) -> None:
         for dev in [d for d, p in self.devices.items() if p == backing_file]:
@@ -336,15 +342,19 @@ def test_reconcile_removes_orphans_grows_torn_expands_and_flags_missing_files(da
     orphan = data / "volumes" / ("lv-" + "a" * 32 + ".img")
     orphan.write_bytes(b"interrupted create")
     (data / "snapshots" / ("ls-" + "b" * 32 + ".img")).write_bytes(b"x")
-    os.truncate(data / "volumes" / f"{kept.id}.img", MiB)  # expand recorded, file not yet grown
+    store = Store(str(data / "state.db"))
+    Ledger(store).begin_growth(kept.id, MiB)  # an expand from 1 MiB recorded, the file not yet grown
+    store.close()
+    os.truncate(data / "volumes" / f"{kept.id}.img", MiB)
     os.unlink(data / "volumes" / f"{gone.id}.img")
     be = open_backend(data)
     assert volume_files(data) == [f"{kept.id}.img"]
     assert os.listdir(data / "snapshots") == []
     assert os.stat(be.volume_path(kept.id)).st_size == 2 * MiB
-    assert be.get_volume(kept.id).condition.abnormal is False
-    cond = be.get_volume(gone.id).condition
-    assert cond.abnormal and "missing" in cond.message
+    assert be.volume_health(kept.id) == ()  # a torn expand lost nothing
+    assert [(i.status, i.reason) for i in be.volume_health(gone.id)] == [
+        (Status.INACCESSIBLE, "BackingFileMissing")
+    ]
     be.close()
 
 
@@ -383,6 +393,24 @@ def test_resolve_device_attaches_refreshes_and_verifies(data: Path) -> None:
         be.resolve_device(vol.id, ctx)
     be.release_device(vol.id)
     assert loop.devices == {}
+    be.close()
+
+
+def test_prepared_device_binds_nothing(data: Path) -> None:
+    """Reads use prepared_device: None until a stage resolved the device, then that device (refreshed to
+    a grown volume); an unknown volume is NotFound. It never binds a device itself."""
+    loop = FakeLoop()
+    be = open_backend(data, loop=loop)
+    vol = be.create_volume("v", DiskOptions(size_bytes=MiB))
+    assert be.prepared_device(vol.id) is None and loop.devices == {}
+    dev = be.resolve_device(vol.id, {})
+    be.expand_volume(vol.id, 2 * MiB)
+    assert be.prepared_device(vol.id) == dev and loop.refreshed == [dev]
+    for unknown in ("lv-" + "0" * 32, "not-an-id"):
+        with pytest.raises(failures.NotFoundError):
+            be.prepared_device(unknown)
+    be.release_device(vol.id)
+    assert be.prepared_device(vol.id) is None and loop.devices == {}
     be.close()
 
 

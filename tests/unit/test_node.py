@@ -353,14 +353,15 @@ def test_node_get_info(env: Env) -> None:
     assert dict(info.accessible_topology.segments) == {FAKE_ZONE_KEY: "zone-a"}
 
 
-def test_node_capabilities_include_stage_stats_expand_and_condition(env: Env) -> None:
+def test_node_capabilities_include_stage_stats_expand_and_health(env: Env) -> None:
     response = env.node.NodeGetCapabilities(csi_pb2.NodeGetCapabilitiesRequest(), None)  # type: ignore[arg-type]
     got = {c.rpc.type for c in response.capabilities}
     assert {
         NRPC.STAGE_UNSTAGE_VOLUME,
         NRPC.GET_VOLUME_STATS,
         NRPC.EXPAND_VOLUME,
-        NRPC.VOLUME_CONDITION,
+        NRPC.GET_VOLUME_HEALTH,
+        NRPC.GET_STORAGE_HEALTH,
     } <= got
 
 

@@ -1,4 +1,4 @@
-"""proto/csi.proto is wire-identical to CSI v1.12, and the committed stubs are what it generates."""
+"""proto/csi.proto is wire-identical to CSI v1.13, and the committed stubs are what it generates."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from grpc_tools import protoc
 
 from tests.conftest import REPO, require_tool
 
-SPEC_MODULE = "github.com/container-storage-interface/spec@v1.12.0"
+SPEC_MODULE = "github.com/container-storage-interface/spec@v1.13.0"
 
 
 def _descriptor(proto_file: Path, tmp_path: Path, tag: str) -> descriptor_pb2.FileDescriptorProto:
@@ -51,7 +51,7 @@ def test_proto_matches_official_descriptor(tmp_path: Path) -> None:
             "proto/csi.proto",
             lineterm="",
         )
-        pytest.fail("proto/csi.proto drifted from CSI v1.12:\n" + "\n".join(list(diff)[:80]))
+        pytest.fail("proto/csi.proto drifted from CSI v1.13:\n" + "\n".join(list(diff)[:80]))
 
 
 def test_secret_fields_are_marked() -> None:

@@ -26,6 +26,7 @@ from csi.failures import (
     TransientError,
 )
 from csi.keylocks import KeyedLocks
+from shim import failpoints
 
 NAME_ATTEMPTS = 3  # device names taken concurrently by another attacher before we give up
 
@@ -107,7 +108,9 @@ class Attacher:
                         raise
                     used.append(device)  # taken by someone else since DescribeInstances: next name
                     continue
+                failpoints.hit("aws.attach.requested")
                 self._wait_attached(vid, node_id)
+                failpoints.hit("aws.attach.attached")
                 return device
             finally:
                 self._names.release(node_id, device)
@@ -148,6 +151,7 @@ class Attacher:
                 return
             with contextlib.suppress(NotFoundError, FailedPreconditionError):
                 self._ec2.call("detach_volume", VolumeId=vid, InstanceId=node_id)
+            failpoints.hit("aws.detach.requested")
 
             def check() -> bool | None:
                 attachments = self._ec2.describe_volume(vid).get("Attachments", [])
@@ -157,5 +161,6 @@ class Attacher:
                 return None if attached else True
 
             self._ec2.poll(f"volume {vid} to detach from {node_id}", check)
+            failpoints.hit("aws.detach.detached")
             if TAG_READONLY_PREFIX + node_id in tags(volume):
                 self._mark_readonly(vid, node_id, False)

@@ -2,9 +2,10 @@
 
 The work is split by resource: volumes.py (create, clone; idempotent by the `CSIVolumeName` tag and a
 name-derived client token), attachments.py, snapshots.py, zones.py (placement), records.py (EC2 records
-as Disk/Snapshot). Handles are EC2 ids; the in-tree forms `aws://zone/vol-...` and `aws:///vol-...` are
-accepted everywhere and normalised to `vol-...` (params.volume_id). Every EC2 request goes through
-ec2.Ec2 (throttling retried, error codes mapped once).
+as Disk/Snapshot), health.py (DescribeVolumeStatus), cbt.py (changed blocks, EBS direct APIs). Handles
+are EC2 ids; the in-tree forms `aws://zone/vol-...` and `aws:///vol-...` are accepted everywhere and
+normalised to `vol-...` (params.volume_id). Every EC2 request goes through ec2.Ec2 (throttling retried,
+error codes mapped once).
 """
 
 from __future__ import annotations
@@ -13,16 +14,18 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Self
 
 from csi import keys
 from csi.backends.aws import params as P
 from csi.backends.aws import records
 from csi.backends.aws.attachments import Attacher
+from csi.backends.aws.cbt import EBS_BLOCK, EbsBlocks
 from csi.backends.aws.coalesce import Coalescer, Modification
 from csi.backends.aws.devices import DeviceFinder
-from csi.backends.aws.ec2 import Backoff, Ec2
+from csi.backends.aws.ec2 import PAGE_SIZE, Backoff, Ec2
+from csi.backends.aws.health import EbsHealth
 from csi.backends.aws.metadata import Imds, Placement, free_attach_slots, resolve_placement
 from csi.backends.aws.snapshots import EbsSnapshots
 from csi.backends.aws.volumes import LIVE_VOLUME_STATES, VolumeCreator
@@ -30,14 +33,18 @@ from csi.backends.aws.zones import Zones
 from csi.backends.base import (
     Backend,
     BackendCapabilities,
+    BlockMap,
     Disk,
     DiskOptions,
     GiB,
     NodeIdentity,
     Page,
     Snapshot,
+    seek_page,
 )
-from csi.failures import DriverError, FailedPreconditionError
+from csi.failures import DriverError, FailedPreconditionError, NotFoundError
+from csi.health import Issue, VolumeHealth
+from shim import failpoints
 
 if TYPE_CHECKING:
     from csi.config import Config
@@ -49,8 +56,8 @@ LISTED_TAG_KEYS = [P.TAG_VOLUME_NAME, P.TAG_CREATED_FOR + "pv/name"]
 log = logging.getLogger("ballast.aws")
 
 
-def capabilities(zone_key: str, max_volumes: int) -> BackendCapabilities:
-    """What EBS offers, in whole GiB."""
+def capabilities(zone_key: str, max_volumes: int, changed_blocks: bool) -> BackendCapabilities:
+    """What EBS offers, in whole GiB. `changed_blocks`: an EBS direct API client is at hand."""
     return BackendCapabilities(
         snapshots=True,
         clone=True,
@@ -61,7 +68,11 @@ def capabilities(zone_key: str, max_volumes: int) -> BackendCapabilities:
         list_volumes=True,
         list_snapshots=True,
         modify_volume=True,
-        volume_condition=True,
+        volume_health=True,
+        node_volume_health=True,
+        snapshot_topology=True,
+        snapshot_metadata=changed_blocks,
+        metadata_block_size=EBS_BLOCK,
         topology_keys=(zone_key, keys.WELL_KNOWN_ZONE),
         size_granularity=GiB,
         min_size=GiB,
@@ -71,7 +82,8 @@ def capabilities(zone_key: str, max_volumes: int) -> BackendCapabilities:
 
 
 class AwsBackend(Backend):
-    """EBS through boto3. The client is injected; `from_config` builds the production one."""
+    """EBS through boto3. The clients are injected (`ebs_client`, for the EBS direct APIs, is optional:
+    without it no changed-block metadata is served); `from_config` builds the production ones."""
 
     default_driver_name = DEFAULT_DRIVER_NAME
 
@@ -79,6 +91,7 @@ class AwsBackend(Backend):
         self,
         client: Any,
         *,
+        ebs_client: Any = None,
         driver_name: str = DEFAULT_DRIVER_NAME,
         zone: str = "",
         node_id: str = "",
@@ -90,8 +103,9 @@ class AwsBackend(Backend):
         backoff: Backoff | None = None,
         wait_timeout: float = 300.0,
         sleep: Callable[[float], None] = time.sleep,
+        page_size: int = PAGE_SIZE,
     ) -> None:
-        self.ec2 = Ec2(client, backoff, sleep, wait_timeout)
+        self.ec2 = Ec2(client, backoff, sleep, wait_timeout, page_size)
         self.zone_key = keys.topology_zone_key(driver_name)
         self._zone = "" if zone == "local" else zone
         self._node_id = node_id
@@ -99,12 +113,16 @@ class AwsBackend(Backend):
         self._imds = imds
         self._controller = controller
         self._devices = device_finder or DeviceFinder()
-        self._creator = VolumeCreator(self.ec2, Zones(self.ec2, self.zone_key, zone), self.zone_key)
+        zones = Zones(self.ec2, self.zone_key, zone)
+        self._creator = VolumeCreator(self.ec2, zones, self.zone_key)
         self._attacher = Attacher(self.ec2, max_volumes)
-        self._snapshots = EbsSnapshots(self.ec2)
+        self._snapshots = EbsSnapshots(self.ec2, zones, self.zone_key)
+        self._health = EbsHealth(self.ec2)
+        self.ebs = Ec2(ebs_client, backoff, sleep, wait_timeout) if ebs_client is not None else None
+        self._blocks = EbsBlocks(self.ec2, self.ebs) if self.ebs is not None else None
         self._modifier: Coalescer[Disk] = Coalescer(self._apply_modification, modify_window, sleep)
         self._placement: Placement | None = None
-        self.capabilities = capabilities(self.zone_key, max_volumes)
+        self.capabilities = capabilities(self.zone_key, max_volumes, self._blocks is not None)
 
     @classmethod
     def from_config(cls, config: Config) -> Self:
@@ -126,19 +144,25 @@ class AwsBackend(Backend):
                     "metadata answers"
                 )
             region = "us-east-1"  # a node-only process never calls EC2; the client just needs a region
+        boto_config = BotoConfig(
+            retries={"total_max_attempts": 1},
+            connect_timeout=5,
+            read_timeout=30,
+            user_agent_extra="ballast-csi",
+        )
         client = session.client(
             "ec2",
             region_name=region or None,
             endpoint_url=config.backend.aws_endpoint_url or None,
-            config=BotoConfig(
-                retries={"total_max_attempts": 1},
-                connect_timeout=5,
-                read_timeout=30,
-                user_agent_extra="ballast-csi",
-            ),
+            config=boto_config,
+        )
+        # EBS direct APIs (changed blocks), controller only; boto3 honours AWS_ENDPOINT_URL_EBS
+        ebs = (
+            session.client("ebs", region_name=region, config=boto_config) if config.runs_controller else None
         )
         return cls(
             client,
+            ebs_client=ebs,
             driver_name=config.backend.driver_name,
             zone=config.backend.zone,
             node_id=config.node.node_id,
@@ -157,8 +181,14 @@ class AwsBackend(Backend):
         return True
 
     def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self.ec2.client.close()
+        for api in (self.ec2, self.ebs):
+            with contextlib.suppress(Exception):
+                if api is not None:
+                    api.client.close()
+
+    def retries(self) -> dict[str, int]:
+        """EC2 calls retried after throttling, server errors or an unreachable endpoint, by operation."""
+        return self.ec2.retry_counts()
 
     def _disk(self, volume: Mapping[str, Any]) -> Disk:
         return records.to_disk(volume, self.zone_key)
@@ -180,12 +210,18 @@ class AwsBackend(Backend):
     def delete_volume(self, volume_id: str) -> None:
         """Missing -> NotFoundError; attached -> FailedPreconditionError."""
         self.ec2.call("delete_volume", VolumeId=P.volume_id(volume_id))
+        failpoints.hit("aws.delete.requested")
 
     def get_volume(self, volume_id: str) -> Disk:
         return self._disk(self.ec2.describe_volume(P.volume_id(volume_id)))
 
     def list_volumes(self, max_entries: int = 0, starting_token: str = "") -> Page[Disk]:
         """Volumes made by this driver or the in-tree plugin, with the nodes they are attached to."""
+        page = seek_page(self._listed(), lambda v: str(v["VolumeId"]), max_entries, starting_token)
+        return Page(items=[self._disk(v) for v in page.items], next_token=page.next_token)
+
+    def _listed(self) -> list[dict[str, Any]]:
+        """The EC2 records of the volumes ListVolumes reports."""
         volumes: dict[str, dict[str, Any]] = {}
         for tag_key in LISTED_TAG_KEYS:  # one query per key: some endpoints do not OR tag-key values
             for volume in self.ec2.describe_all(
@@ -197,8 +233,7 @@ class AwsBackend(Backend):
                 ],
             ):
                 volumes[volume["VolumeId"]] = volume
-        page = records.page(list(volumes.values()), lambda v: str(v["VolumeId"]), max_entries, starting_token)
-        return Page(items=[self._disk(v) for v in page.items], next_token=page.next_token)
+        return list(volumes.values())
 
     def expand_volume(self, volume_id: str, size_bytes: int) -> int:
         """Grow to whole GiB, coalesced with a concurrent modify into one ModifyVolume. Already that big
@@ -241,8 +276,14 @@ class AwsBackend(Backend):
 
     # ------------------------------------------------------------------ snapshots (snapshots.py)
 
-    def create_snapshot(self, name: str, source_volume_id: str, parameters: Mapping[str, str]) -> Snapshot:
-        return self._snapshots.create(name, source_volume_id, parameters)
+    def create_snapshot(
+        self,
+        name: str,
+        source_volume_id: str,
+        parameters: Mapping[str, str],
+        requisite: Sequence[Mapping[str, str]] = (),
+    ) -> Snapshot:
+        return self._snapshots.create(name, source_volume_id, parameters, requisite)
 
     def delete_snapshot(self, snapshot_id: str) -> None:
         self._snapshots.delete(snapshot_id)
@@ -260,7 +301,40 @@ class AwsBackend(Backend):
     ) -> Page[Snapshot]:
         return self._snapshots.page(snapshot_id, source_volume_id, max_entries, starting_token)
 
+    # ------------------------------------------------------------------ health (health.py), blocks (cbt.py)
+
+    def volume_health(self, volume_id: str) -> tuple[Issue, ...]:
+        return self._health.volume(self.ec2.describe_volume(P.volume_id(volume_id)))
+
+    def list_volume_health(self, max_entries: int = 0, starting_token: str = "") -> Page[VolumeHealth]:
+        return self._health.listing(self._listed(), max_entries, starting_token)
+
+    def _changed_blocks(self) -> EbsBlocks:
+        if self._blocks is None:
+            raise FailedPreconditionError(
+                "this driver has no EBS direct API client (it serves no controller)"
+            )
+        return self._blocks
+
+    def snapshot_allocated(
+        self, snapshot_id: str, start: int, block: int, secrets: Mapping[str, str]
+    ) -> BlockMap:
+        """The request's secrets are not used: the driver's AWS identity signs the EBS calls."""
+        return self._changed_blocks().allocated(snapshot_id, start, block)
+
+    def snapshot_delta(
+        self, base_id: str, target_id: str, start: int, block: int, secrets: Mapping[str, str]
+    ) -> BlockMap:
+        return self._changed_blocks().delta(base_id, target_id, start, block)
+
     # ------------------------------------------------------------------ node side
+
+    def prepared_device(self, volume_id: str) -> str | None:
+        """The attached device whose NVMe serial names the volume, if the node has it now (no wait)."""
+        try:
+            return self._devices.find(P.volume_id(volume_id), {}, wait=False)
+        except NotFoundError:
+            return None
 
     def _where(self) -> Placement:
         if self._placement is None:

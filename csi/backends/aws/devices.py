@@ -133,12 +133,13 @@ class DeviceFinder:
             )
         return True
 
-    def find(self, volume_id: str, publish_context: Mapping[str, str]) -> str:
-        """The verified device of `volume_id`, waiting up to `timeout` for it to appear.
+    def find(self, volume_id: str, publish_context: Mapping[str, str], *, wait: bool = True) -> str:
+        """The verified device of `volume_id`, waiting up to `timeout` for it to appear (`wait` False:
+        only what is there now).
 
         Not present in time -> NotFoundError. Present but another volume's (serial mismatch), or an NVMe
         device without readable serial -> FailedPreconditionError."""
-        deadline = time.monotonic() + self.timeout
+        deadline = time.monotonic() + (self.timeout if wait else 0)
         while True:
             candidates = self._candidates(volume_id, publish_context)
             for device in candidates:

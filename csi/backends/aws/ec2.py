@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -29,6 +31,7 @@ from csi.backends.aws.errors import RETRIED_CODES, UnsupportedActionError, error
 
 log = logging.getLogger("ballast.aws")
 T = TypeVar("T")
+PAGE_SIZE = 500  # DescribeVolumes allows 5..500 per page, DescribeSnapshots 5..1000
 
 
 @dataclass(frozen=True)
@@ -55,12 +58,25 @@ class Ec2:
         backoff: Backoff | None = None,
         sleep: Callable[[float], None] = time.sleep,
         wait_timeout: float = 300.0,
+        page_size: int = PAGE_SIZE,
     ) -> None:
         self.client = client
         self.backoff = backoff or Backoff()
         self.wait_timeout = wait_timeout
+        self.page_size = page_size
         self._sleep = sleep
-        self.retries = 0  # throttled / failed attempts that were retried (for tests and metrics)
+        self._lock = threading.Lock()
+        self.retried: Counter[str] = Counter()  # operation -> attempts retried (throttled, failed, ...)
+
+    @property
+    def retries(self) -> int:
+        """Attempts retried so far, all operations together."""
+        return sum(self.retry_counts().values())
+
+    def retry_counts(self) -> dict[str, int]:
+        """Attempts retried so far, by operation."""
+        with self._lock:
+            return dict(self.retried)
 
     def call(self, operation: str, **params: Any) -> dict[str, Any]:
         """Invoke `client.<operation>(**params)` (operation in snake_case) and return the response."""
@@ -88,15 +104,18 @@ class Ec2:
                 ) from exc
             except BotoCoreError as exc:
                 raise failures.DriverError(f"EC2 {operation}: {exc}") from exc
-            self.retries += 1
+            with self._lock:
+                self.retried[operation] += 1
             self._sleep(delays.pop(0))
 
     def describe_all(self, operation: str, key: str, **params: Any) -> list[dict[str, Any]]:
-        """Every item of a listing, following EC2's NextToken."""
+        """Every item of a filtered listing, `page_size` per request (EC2's MaxResults; without it a large
+        account's answer can time out), following NextToken."""
         items: list[dict[str, Any]] = []
         token = ""
         while True:
-            response = self.call(operation, **params, **({"NextToken": token} if token else {}))
+            paging = {"MaxResults": self.page_size, **({"NextToken": token} if token else {})}
+            response = self.call(operation, **params, **paging)
             items.extend(response.get(key, []))
             token = response.get("NextToken", "")
             if not token:

@@ -58,6 +58,14 @@ AWS_ERRORS: dict[str, type[failures.DriverError]] = {
     "InvalidAction": UnsupportedActionError,
     "UnsupportedOperation": UnsupportedActionError,
     "NotImplemented": UnsupportedActionError,
+    # the EBS direct APIs (ebs client: ListSnapshotBlocks, ListChangedBlocks)
+    "ResourceNotFoundException": failures.NotFoundError,
+    "ValidationException": failures.InvalidParameterError,
+    "AccessDeniedException": failures.FailedPreconditionError,
+    "ServiceQuotaExceededException": failures.LimitExceededError,
+    "RequestThrottledException": failures.TransientError,
+    "ConcurrentLimitExceededException": failures.TransientError,
+    "InternalServerException": failures.TransientError,
     # retried first, then TransientError
     "RequestLimitExceeded": failures.TransientError,
     "Throttling": failures.TransientError,

@@ -1,23 +1,21 @@
 """EC2 records as backend records: the mapping from DescribeVolumes / DescribeSnapshots items to Disk and
-Snapshot, the tags that carry what EC2 has no field for, and the seek paging of listings."""
+Snapshot, and the tags that carry what EC2 has no field for. Listings page with base.seek_page."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from collections.abc import Mapping
+from typing import Any
 
 from csi import keys
 from csi.backends.aws import params as P
-from csi.backends.base import Attachment, Condition, ContentSource, Disk, GiB, Page, Snapshot, SourceKind
-from csi.failures import InvalidTokenError
-
-T = TypeVar("T")
+from csi.backends.base import Attachment, ContentSource, Disk, GiB, Snapshot, SourceKind
 
 TAG_SOURCE_VOLUME = "CSISourceVolumeId"  # set on clones: CreateVolume idempotency compares it
 TAG_READONLY_PREFIX = "ballast.dev/published-readonly/"  # + instance id: published read-only there
 TAG_CONTEXT_PREFIX = "ballast.dev/volume-context/"  # one tag per generic volume_context entry (fsType, ...)
+# On snapshots: the zones (comma-separated) a CreateSnapshot with accessibility requirements was promised.
+TAG_ACCESSIBLE_ZONES = "ballast.dev/accessible-zones"
 ATTACHED_STATES = ("attaching", "attached")
-TOKEN_PREFIX = "after:"
 
 
 def tags(item: Mapping[str, Any]) -> dict[str, str]:
@@ -69,10 +67,6 @@ def _attachments(volume: Mapping[str, Any], volume_tags: Mapping[str, str]) -> t
 def to_disk(volume: Mapping[str, Any], zone_key: str) -> Disk:
     """The Disk of an EC2 volume; `zone_key` is the driver's topology key."""
     volume_tags = tags(volume)
-    state = volume.get("State", "")
-    condition = Condition()
-    if state == "error":
-        condition = Condition(abnormal=True, message=f"EBS reports volume state {state!r}")
     return Disk(
         id=volume["VolumeId"],
         name=volume_tags.get(P.TAG_VOLUME_NAME, volume["VolumeId"]),
@@ -86,13 +80,18 @@ def to_disk(volume: Mapping[str, Any], zone_key: str) -> Disk:
         },
         source=_source(volume, volume_tags),
         attachments=_attachments(volume, volume_tags),
-        condition=condition,
         multi_node=bool(volume.get("MultiAttachEnabled")),
     )
 
 
-def to_snapshot(snap: Mapping[str, Any]) -> Snapshot:
-    """The Snapshot of an EC2 snapshot; ready once EC2 reports it completed."""
+def accessible_zones(snap: Mapping[str, Any]) -> list[str]:
+    """The zones a snapshot was created to be restored in ([]: no promise was asked for)."""
+    return [z for z in tags(snap).get(TAG_ACCESSIBLE_ZONES, "").split(",") if z]
+
+
+def to_snapshot(snap: Mapping[str, Any], zone_key: str) -> Snapshot:
+    """The Snapshot of an EC2 snapshot; ready once EC2 reports it completed. `zone_key` is the driver's
+    topology key: a snapshot made with accessibility requirements reports the zones it was made for."""
     started = snap.get("StartTime")
     return Snapshot(
         id=snap["SnapshotId"],
@@ -101,19 +100,5 @@ def to_snapshot(snap: Mapping[str, Any]) -> Snapshot:
         size_bytes=int(snap.get("VolumeSize", 0)) * GiB,
         created_at=started.timestamp() if started is not None else 0.0,
         ready=snap.get("State") == "completed",
+        topology=tuple(topology(zone_key, z) for z in accessible_zones(snap)),
     )
-
-
-def page(items: Sequence[T], ident: Callable[[T], str], max_entries: int, token: str) -> Page[T]:
-    """Seek paging over items sorted by id: the token is the last id returned, so deleting or adding
-    items between pages never yields duplicates. A foreign token -> InvalidTokenError."""
-    ordered = sorted(items, key=ident)
-    if token:
-        last = token[len(TOKEN_PREFIX) :]
-        if not token.startswith(TOKEN_PREFIX) or not last:
-            raise InvalidTokenError(f"starting token {token!r} was not issued by this driver")
-        ordered = [i for i in ordered if ident(i) > last]
-    if max_entries and len(ordered) > max_entries:
-        ordered = ordered[:max_entries]
-        return Page(items=ordered, next_token=TOKEN_PREFIX + ident(ordered[-1]))
-    return Page(items=ordered)

@@ -2,18 +2,23 @@
 
 `tagSpecification_N` snapshot parameters become snapshot tags, as for volumes; `csi.storage.k8s.io/`
 keys are ignored; anything else is an unknown parameter.
+
+Accessibility: an EBS snapshot lives in the region and restores into any of its zones. A CreateSnapshot
+with requisite topology promises the requested zones of this region (kept in the TAG_ACCESSIBLE_ZONES
+tag, reported as the snapshot's topology); none of them in this region -> OutOfCapacityError.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from csi import keys
 from csi.backends.aws import params as P
 from csi.backends.aws.ec2 import Ec2
-from csi.backends.aws.records import page, tag_spec, to_snapshot
-from csi.backends.base import Page, Snapshot
-from csi.failures import AlreadyExistsError, InvalidParameterError, NotFoundError
+from csi.backends.aws.records import TAG_ACCESSIBLE_ZONES, tag_spec, to_snapshot
+from csi.backends.aws.zones import Zones
+from csi.backends.base import Page, Snapshot, seek_page
+from csi.failures import AlreadyExistsError, InvalidParameterError, NotFoundError, OutOfCapacityError
 from csi.keylocks import KeyedLocks
 
 DESCRIPTION = "Created by ebs.csi.aws.com-compatible Ballast for {name}"
@@ -30,14 +35,39 @@ def _snapshot_tags(name: str, parameters: Mapping[str, str]) -> dict[str, str]:
 
 
 class EbsSnapshots:
-    def __init__(self, ec2: Ec2) -> None:
+    def __init__(self, ec2: Ec2, zones: Zones, zone_key: str) -> None:
         self._ec2 = ec2
+        self._zones = zones
+        self._zone_key = zone_key
         self._locks = KeyedLocks()
 
-    def create(self, name: str, source_volume_id: str, parameters: Mapping[str, str]) -> Snapshot:
+    def _accessible(self, requisite: Sequence[Mapping[str, str]]) -> list[str]:
+        """The zones of this region the requisite names ([]: no promise asked for, or a segment that
+        does not restrict the zone)."""
+        named = [self._zones.zone_of(s) for s in requisite]
+        if not named or "" in named:
+            return []
+        available = self._ec2.zones()
+        usable = [z for z in dict.fromkeys(named) if z in available]
+        if not usable:
+            raise OutOfCapacityError(
+                f"no requisite zone ({', '.join(named)}) is a zone of this region ({', '.join(available)})"
+            )
+        return usable
+
+    def create(
+        self,
+        name: str,
+        source_volume_id: str,
+        parameters: Mapping[str, str],
+        requisite: Sequence[Mapping[str, str]] = (),
+    ) -> Snapshot:
         """Idempotent by name; the same name for another source -> AlreadyExistsError."""
         vid = P.volume_id(source_volume_id)
         snapshot_tags = _snapshot_tags(name, parameters)
+        zones = self._accessible(requisite)
+        if zones:
+            snapshot_tags[TAG_ACCESSIBLE_ZONES] = ",".join(zones)
         with self._locks.hold(name):
             found = self._ec2.describe_all(
                 "describe_snapshots",
@@ -46,7 +76,7 @@ class EbsSnapshots:
                 OwnerIds=["self"],
             )
             if found:
-                snap = to_snapshot(min(found, key=lambda s: s["SnapshotId"]))
+                snap = to_snapshot(min(found, key=lambda s: s["SnapshotId"]), self._zone_key)
                 if snap.source_volume_id != vid:
                     raise AlreadyExistsError(
                         f"snapshot {name!r} already exists as {snap.id} of volume {snap.source_volume_id}"
@@ -58,13 +88,13 @@ class EbsSnapshots:
                 Description=DESCRIPTION.format(name=name),
                 TagSpecifications=tag_spec("snapshot", snapshot_tags),
             )
-            return to_snapshot(created)
+            return to_snapshot(created, self._zone_key)
 
     def delete(self, snapshot_id: str) -> None:
         self._ec2.call("delete_snapshot", SnapshotId=P.snapshot_id(snapshot_id))
 
     def get(self, snapshot_id: str) -> Snapshot:
-        return to_snapshot(self._ec2.describe_snapshot(P.snapshot_id(snapshot_id)))
+        return to_snapshot(self._ec2.describe_snapshot(P.snapshot_id(snapshot_id)), self._zone_key)
 
     def page(
         self, snapshot_id: str, source_volume_id: str, max_entries: int, starting_token: str
@@ -82,7 +112,7 @@ class EbsSnapshots:
                 raw = self._ec2.describe_all(
                     "describe_snapshots", "Snapshots", Filters=filters, OwnerIds=["self"]
                 )
-                snaps = [to_snapshot(s) for s in raw]
+                snaps = [to_snapshot(s, self._zone_key) for s in raw]
         except NotFoundError:
             snaps = []
-        return page(snaps, lambda s: s.id, max_entries, starting_token)
+        return seek_page(snaps, lambda s: s.id, max_entries, starting_token)

@@ -31,6 +31,7 @@ from csi.failures import (
     TransientError,
 )
 from csi.keylocks import KeyedLocks
+from shim import failpoints
 
 log = logging.getLogger("ballast.aws")
 LIVE_VOLUME_STATES = ["creating", "available", "in-use", "error"]
@@ -132,14 +133,32 @@ class VolumeCreator:
         if source is not None and source.kind is SourceKind.VOLUME:
             return self._clone(name, P.volume_id(source.id), options, args, tags)
         if source is not None:
-            snap = records.to_snapshot(self._ec2.describe_snapshot(P.snapshot_id(source.id)))
+            raw = self._ec2.describe_snapshot(P.snapshot_id(source.id))
+            snap = records.to_snapshot(raw, self._zone_key)
             if snap.size_bytes > size_gib * GiB:
                 raise OutOfRangeError(
                     f"snapshot {snap.id} holds {snap.size_bytes} bytes, "
                     f"more than the requested {size_gib} GiB"
                 )
             args["SnapshotId"] = snap.id
+            options = self._within(options, snap.id, records.accessible_zones(raw))
         return self._create_in(self._zones.pick(options), name, args, tags)
+
+    def _within(self, options: DiskOptions, snapshot_id: str, zones: list[str]) -> DiskOptions:
+        """A restore stays in the zones its snapshot was promised for (none promised: anywhere); a
+        requisite that names none of them -> OutOfCapacityError."""
+        allowed = self._zones.requisite(options)
+        if not zones or allowed is None:
+            return options
+        if not set(allowed) & set(zones):
+            raise OutOfCapacityError(
+                f"snapshot {snapshot_id} is accessible from {', '.join(zones)}, none of the requisite "
+                f"zones {', '.join(allowed)}"
+            )
+        return options._replace(
+            requisite=[s for s in options.requisite if self._zones.zone_of(s) in zones],
+            preferred=[s for s in options.preferred if self._zones.zone_of(s) in zones],
+        )
 
     def _create_in(self, zone: str, name: str, args: dict[str, object], tags: dict[str, str]) -> Disk:
         """CreateVolume with the name's client token; a token EC2 answers with a deleted volume is
@@ -152,9 +171,12 @@ class VolumeCreator:
                 TagSpecifications=tag_spec("volume", tags),
                 **args,
             )
+            failpoints.hit("aws.create.requested")
             if created.get("State") not in ("deleting", "deleted"):
                 with contextlib.suppress(NotFoundError):  # gone at once: the token was burned
-                    return self._disk(self.wait_available(created["VolumeId"]))
+                    disk = self._disk(self.wait_available(created["VolumeId"]))
+                    failpoints.hit("aws.create.available")
+                    return disk
             log.info(
                 "client token of %r answered with deleted volume %s; new token", name, created["VolumeId"]
             )
@@ -220,7 +242,7 @@ class VolumeCreator:
         return str(created["VolumeId"])
 
     def _snapshot_ready(self, sid: str) -> bool:
-        return records.to_snapshot(self._ec2.describe_snapshot(sid)).ready
+        return records.to_snapshot(self._ec2.describe_snapshot(sid), self._zone_key).ready
 
     def wait_available(self, vid: str) -> dict[str, Any]:
         """The volume's record once EC2 reports it available (or in use). A volume EC2 failed to create

@@ -6,11 +6,12 @@ any file is touched.
 
 Durability: a backing file is written before its record is committed, and a record is deleted before its
 file, so start-up reconciliation (startup.reconcile) can remove files without a record (an interrupted
-create or delete) and grow files shorter than their record (an interrupted expand). A record whose file
-vanished is reported as an abnormal condition.
+create or delete) and grow files shorter than their record (an interrupted expand, or lost data, which
+health.py then reports). A record whose file vanished is reported INACCESSIBLE.
 
 Parameters: params.py. Snapshots and group snapshots: snapshots.py. Loop devices (the node side):
-devices.py. What happens before a data dir is served: startup.py.
+devices.py. What happens before a data dir is served: startup.py. Health and changed blocks:
+reporting.py (health.py, cbt.py).
 """
 
 from __future__ import annotations
@@ -25,17 +26,16 @@ from csi import keys
 from csi.backends.base import (
     Backend,
     BackendCapabilities,
-    ContentSource,
     Disk,
     DiskOptions,
-    GroupSnapshot,
     NodeIdentity,
     Page,
-    Snapshot,
-    SourceKind,
 )
-from csi.backends.local import files, params, records, startup
+from csi.backends.local import contents, files, params, records, startup
+from csi.backends.local.cbt import BLOCK_SIZE, LocalBlocks
 from csi.backends.local.devices import LoopDevices
+from csi.backends.local.freeze_service import FreezeServer, RemoteQuiescer
+from csi.backends.local.health import LocalHealth
 from csi.backends.local.layout import (
     VOLUME_TOKEN,
     VOLUME_TOKEN_PREFIX,
@@ -44,7 +44,9 @@ from csi.backends.local.layout import (
     page_start,
     volume_prefix,
 )
-from csi.backends.local.snapshots import LocalSnapshots
+from csi.backends.local.quiesce import LocalQuiescer, Quiescer
+from csi.backends.local.reporting import LocalReporting
+from csi.backends.local.snapshots import LocalSnapshots, SnapshotOperations
 from csi.backends.local.state import AttachmentRow, NameTaken, Store, VolumeRow
 from csi.backends.local.topology import Segment
 from csi.failures import (
@@ -55,6 +57,7 @@ from csi.failures import (
     OutOfRangeError,
 )
 from csi.keylocks import KeyedLocks
+from shim import failpoints
 
 if TYPE_CHECKING:
     from csi.config import Config
@@ -75,14 +78,19 @@ def capabilities(topology_keys: tuple[str, ...], max_volumes: int) -> BackendCap
         get_capacity=True,
         modify_volume=True,
         group_snapshots=True,
-        volume_condition=True,
+        volume_health=True,
+        node_volume_health=True,
+        storage_health=True,
+        snapshot_topology=True,
+        snapshot_metadata=True,
+        metadata_block_size=BLOCK_SIZE,
         single_node_multi_writer=True,
         topology_keys=topology_keys,
         max_volumes_per_node=max_volumes,
     )
 
 
-class LocalBackend(Backend):
+class LocalBackend(LocalReporting, SnapshotOperations, Backend):
     """Volumes of one data dir. Build it with `open` (or `from_config`); the constructor has no side
     effects and takes the already opened state."""
 
@@ -101,6 +109,7 @@ class LocalBackend(Backend):
         node_id: str = "",
         max_volumes_per_node: int = 0,
         loop: ModuleType | Any = None,
+        quiescer: Quiescer | None = None,
     ) -> None:
         self.layout = layout
         self.store = store
@@ -115,7 +124,13 @@ class LocalBackend(Backend):
         self.capabilities = capabilities(tuple(self.topology), self.max_volumes)
         self._devices = LoopDevices(loop)
         self._locks = KeyedLocks()
-        self._snapshots = LocalSnapshots(layout, store, self._locks)
+        # Group snapshots freeze their members here, or ask the node plugin (freeze_service.py).
+        self._snapshots = LocalSnapshots(
+            layout, store, self._locks, self._segment, quiescer or LocalQuiescer(loop=loop)
+        )
+        self._freeze_server: FreezeServer | None = None
+        self.health = LocalHealth(layout, store)
+        self.blocks = LocalBlocks(layout, store)
 
     @classmethod
     def open(cls, data_dir: str, *, reconcile: bool = True, **options: Any) -> Self:
@@ -142,9 +157,12 @@ class LocalBackend(Backend):
     @classmethod
     def from_config(cls, config: Config) -> Self:
         """Reconciles files against the database only in a process serving the controller: a node-only
-        process sharing the data dir must not remove a file the controller is creating."""
+        process sharing the data dir must not remove a file the controller is creating. A process that
+        stages volumes thaws what a killed one left frozen; a controller without the node (the chart's
+        split layout) freezes group snapshot members through the node plugin's freeze service."""
         b, n = config.backend, config.node
-        return cls.open(
+        split = config.runs_controller != config.runs_node
+        backend = cls.open(
             b.data_dir,
             reconcile=config.runs_controller,
             driver_name=b.driver_name,
@@ -153,7 +171,15 @@ class LocalBackend(Backend):
             capacity_bytes=b.capacity_bytes,
             node_id=n.node_id,
             max_volumes_per_node=n.max_volumes_per_node,
+            quiescer=RemoteQuiescer(Layout(b.data_dir)) if split and config.runs_controller else None,
         )
+        if config.runs_node:
+            try:
+                backend._freeze_server = startup.prepare_node(backend.layout, serve_freezes=split)
+            except BaseException:
+                backend.close()
+                raise
+        return backend
 
     # ---- lifecycle
 
@@ -171,6 +197,9 @@ class LocalBackend(Backend):
         return True
 
     def close(self) -> None:
+        if self._freeze_server is not None:
+            self._freeze_server.close()
+            self._freeze_server = None
         self.store.close()
         if self._owner is not None:
             os.close(self._owner)
@@ -198,38 +227,6 @@ class LocalBackend(Backend):
                 f"--capacity limit {self.capacity_limit} left"
             )
 
-    def _source_file(self, source: ContentSource, size: int) -> tuple[str, str]:
-        """(path, volume id to lock) of a content source; missing -> NotFound, bigger -> OutOfRange."""
-        if source.kind is SourceKind.SNAPSHOT:
-            path = self.layout.snapshot_file(source.id)
-            snap = self.store.snapshot(source.id)
-            if snap is None:
-                raise NotFoundError(f"source snapshot {source.id} not found")
-            src_size, lock = snap.size, ""
-        else:
-            row = self._row(source.id)
-            path, src_size, lock = self.volume_path(source.id), row.size, source.id
-        if src_size > size:
-            raise OutOfRangeError(
-                f"source {source.kind.value} {source.id} is {src_size} bytes, "
-                f"larger than the requested {size}"
-            )
-        return path, lock
-
-    def _write_file(self, path: str, options: DiskOptions) -> None:
-        """The new volume's backing file: sparse, or a copy of its content source."""
-        if options.source is None:
-            files.create_sparse(path, options.size_bytes)
-            return
-        src, lock = self._source_file(options.source, options.size_bytes)
-        with self._locks.hold(*([lock] if lock else [])):
-            try:
-                files.copy(src, path, options.size_bytes)
-            except FileNotFoundError as exc:
-                raise FailedPreconditionError(
-                    f"the backing file of source {options.source.id} is missing"
-                ) from exc
-
     def create_volume(self, name: str, options: DiskOptions) -> Disk:
         spec = records.spec(options)
         row = self.store.volume_by_name(name)
@@ -239,7 +236,10 @@ class LocalBackend(Backend):
         self._params.check_size(options.parameters, options.size_bytes)
         volume_id = new_id(self.volume_prefix)
         path = self.volume_path(volume_id)
-        self._write_file(path, options)  # the file first: reconcile removes it if no record follows
+        written, recorded = contents.CREATE_FAILPOINTS[options.source.kind if options.source else None]
+        # the file first: reconcile removes it if no record follows
+        contents.write_volume_file(self.layout, self.store, self._locks, path, options)
+        failpoints.hit(written)
         try:
             row = self.store.insert_volume(
                 volume_id,
@@ -261,13 +261,16 @@ class LocalBackend(Backend):
                     f"volume {name!r} is being created and deleted concurrently"
                 ) from None
             return self._existing(winner, spec)
+        failpoints.hit(recorded)
         return self._disk(row)
 
     def delete_volume(self, volume_id: str) -> None:
         path = self.volume_path(volume_id)
         with self._locks.hold(volume_id):
             self.store.delete_volume(volume_id)
+            failpoints.hit("local.delete.recorded")
             files.remove(path)
+            failpoints.hit("local.delete.removed")
 
     def _disk(self, row: VolumeRow, attachments: Sequence[AttachmentRow] | None = None) -> Disk:
         if attachments is None:
@@ -296,7 +299,9 @@ class LocalBackend(Backend):
                 used = self.store.provisioned_bytes()
                 if used - row.size + size_bytes > self.capacity_limit:
                     raise OutOfRangeError(f"growing to {size_bytes} bytes would exceed the --capacity limit")
+            self.health.ledger.begin_growth(volume_id, row.size)  # start-up: a torn expand lost nothing
             self.store.set_size(volume_id, size_bytes)  # record first: reconcile finishes a torn expand
+            failpoints.hit("local.expand.recorded")
             try:
                 files.grow(path, size_bytes)
             except FileNotFoundError as exc:
@@ -304,6 +309,9 @@ class LocalBackend(Backend):
             except OutOfRangeError:
                 self.store.set_size(volume_id, row.size)  # the file cannot grow that far: undo the record
                 raise
+            finally:
+                self.health.ledger.end_growth(volume_id)
+            failpoints.hit("local.expand.grown")
             return size_bytes
 
     def modify_volume(self, volume_id: str, mutable_parameters: Mapping[str, str]) -> Disk:
@@ -334,43 +342,13 @@ class LocalBackend(Backend):
             raise AlreadyExistsError(
                 f"volume {volume_id} is already published to {node_id} with readonly={not readonly}"
             ) from None
+        failpoints.hit("local.attach.recorded")
         return {keys.PC_VOLUME_FILE: path}
 
     def detach(self, volume_id: str, node_id: str) -> None:
         self._row(volume_id)
         self.store.detach(volume_id, node_id)
-
-    # ---- snapshots (snapshots.py)
-
-    def create_snapshot(self, name: str, source_volume_id: str, parameters: Mapping[str, str]) -> Snapshot:
-        return self._snapshots.create(name, source_volume_id, parameters)
-
-    def delete_snapshot(self, snapshot_id: str) -> None:
-        self._snapshots.delete(snapshot_id)
-
-    def get_snapshot(self, snapshot_id: str) -> Snapshot:
-        return self._snapshots.get(snapshot_id)
-
-    def list_snapshots(
-        self,
-        *,
-        snapshot_id: str = "",
-        source_volume_id: str = "",
-        max_entries: int = 0,
-        starting_token: str = "",
-    ) -> Page[Snapshot]:
-        return self._snapshots.page(snapshot_id, source_volume_id, max_entries, starting_token)
-
-    def create_group_snapshot(
-        self, name: str, volume_ids: Sequence[str], parameters: Mapping[str, str]
-    ) -> GroupSnapshot:
-        return self._snapshots.create_group(name, volume_ids, parameters)
-
-    def delete_group_snapshot(self, group_id: str) -> None:
-        self._snapshots.delete_group(group_id)
-
-    def get_group_snapshot(self, group_id: str) -> GroupSnapshot:
-        return self._snapshots.get_group(group_id)
+        failpoints.hit("local.detach.recorded")
 
     # ---- node side
 
@@ -381,6 +359,11 @@ class LocalBackend(Backend):
         """Attach (or reuse) a loop device over the volume's file and prove it maps that file."""
         path = self.volume_path(volume_id)
         return self._devices.resolve(volume_id, path, self._row(volume_id).size, publish_context)
+
+    def prepared_device(self, volume_id: str) -> str | None:
+        """The loop device already bound over the volume's file, or None; binds nothing."""
+        path = self.volume_path(volume_id)
+        return self._devices.prepared(volume_id, path, self._row(volume_id).size)
 
     def release_device(self, volume_id: str) -> None:
         self._devices.release(self.volume_path(volume_id))

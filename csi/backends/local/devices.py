@@ -1,8 +1,9 @@
 """The node side of the local backend: a volume's loop device, attached over its backing file.
 
 `resolve` attaches (or reuses) a loop device, refreshes its size when the file grew, and proves the
-device maps that file before returning it; `release` detaches every loop device over the file. The
-loop module is injectable (csi.loop by default, imported on first use) so unit tests need no root.
+device maps that file before returning it; `prepared` does the same for a device already bound, binding
+nothing; `release` detaches every loop device over the file. The loop module is injectable (csi.loop by
+default, imported on first use) so unit tests need no root.
 """
 
 from __future__ import annotations
@@ -38,7 +39,18 @@ class LoopDevices:
         if files.size_of(path) is None:
             raise FailedPreconditionError(f"the backing file of {volume_id} is missing")
         loop = self._module()
-        device: str = loop.attach(path)
+        return self._verified(loop, volume_id, loop.attach(path), path, size)
+
+    def prepared(self, volume_id: str, path: str, size: int) -> str | None:
+        """The loop device already bound over `path` (refreshed to `size`, verified), or None. Binds
+        nothing."""
+        loop = self._module()
+        device: str | None = loop.bound(path)
+        if device is None:
+            return None
+        return self._verified(loop, volume_id, device, path, size)
+
+    def _verified(self, loop: Any, volume_id: str, device: str, path: str, size: int) -> str:
         if loop.device_size(device) < size:
             loop.refresh_capacity(device)
         backing = loop.backing_file(device)

@@ -2,6 +2,10 @@
 
 Copies try a reflink (ioctl FICLONE: instant, shares unchanged blocks) and fall back to a sparse-aware
 copy that walks data extents with SEEK_DATA/SEEK_HOLE, so holes stay holes.
+
+Durability (docs/recovery.md, "Power loss"): a new file is fsynced, then its directory, before the
+function returns, so the caller commits its record only over a file that survives a power cut; a grown
+file is fsynced before `grow` returns.
 """
 
 from __future__ import annotations
@@ -34,13 +38,23 @@ def _no_space(exc: BaseException, path: str) -> OutOfCapacityError | OutOfRangeE
     return None
 
 
-def create_sparse(path: str, size: int) -> None:
-    """A new file of `size` bytes with no data blocks. Refuses to overwrite (FileExistsError).
-    No space for it -> OutOfCapacityError, and no file is left."""
+def sync_dir(directory: str) -> None:
+    """fsync a directory, making the names created or removed in it durable."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def create_sparse(path: str, size: int) -> None:
+    """A new file of `size` bytes with no data blocks, durable (file, then directory) on return.
+    Refuses to overwrite (FileExistsError). No space for it -> OutOfCapacityError, and no file is left."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         try:
             os.ftruncate(fd, size)
+            os.fsync(fd)
         except BaseException:
             os.close(fd)
             remove(path)
@@ -51,6 +65,7 @@ def create_sparse(path: str, size: int) -> None:
             raise
         raise full from exc
     os.close(fd)
+    sync_dir(os.path.dirname(path))
 
 
 def _reflink(src_fd: int, dst_fd: int) -> bool:
@@ -85,13 +100,14 @@ def _sparse_copy(src_fd: int, dst_fd: int, length: int) -> None:
 def copy(src: str, dst: str, size: int | None = None) -> bool:
     """Point-in-time copy of `src` into the new file `dst`, then grown to `size` if larger.
 
-    Returns True when the copy shares blocks (reflink). Refuses to overwrite `dst`; on failure `dst`
-    is removed. A missing `src` raises FileNotFoundError; no space -> OutOfCapacityError; a size the
-    filesystem cannot hold -> OutOfRangeError.
+    Returns True when the copy shares blocks (reflink). `dst` is durable (file, then directory) on
+    return. Refuses to overwrite `dst`; on failure `dst` is removed. A missing `src` raises
+    FileNotFoundError; no space -> OutOfCapacityError; a size the filesystem cannot hold ->
+    OutOfRangeError.
     """
-    src_fd = os.open(src, os.O_RDONLY)
+    src_fd = os.open(src, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        dst_fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        dst_fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         try:
             length = os.fstat(src_fd).st_size
             shared = _reflink(src_fd, dst_fd)
@@ -112,20 +128,25 @@ def copy(src: str, dst: str, size: int | None = None) -> bool:
         os.close(dst_fd)
     finally:
         os.close(src_fd)
+    sync_dir(os.path.dirname(dst))
     return shared
 
 
 def grow(path: str, size: int) -> None:
-    """Extend `path` to `size` bytes (never shrinks). A missing file raises FileNotFoundError; a size
-    the filesystem cannot hold raises OutOfRangeError (the file is unchanged)."""
-    if os.stat(path).st_size < size:
-        try:
-            os.truncate(path, size)
-        except OSError as exc:
-            mapped = _no_space(exc, path)
-            if mapped is None:
-                raise
-            raise mapped from exc
+    """Extend `path` to `size` bytes (never shrinks), durable (fsynced) on return. A missing file raises
+    FileNotFoundError; a size the filesystem cannot hold raises OutOfRangeError (the file is unchanged)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        if os.fstat(fd).st_size < size:
+            os.ftruncate(fd, size)
+            os.fsync(fd)
+    except OSError as exc:
+        mapped = _no_space(exc, path)
+        if mapped is None:
+            raise
+        raise mapped from exc
+    finally:
+        os.close(fd)
 
 
 def remove(path: str) -> None:
@@ -146,3 +167,26 @@ def free_bytes(directory: str) -> int:
     """Bytes an unprivileged writer may still allocate on the filesystem holding `directory`."""
     st = os.statvfs(directory)
     return st.f_bavail * st.f_frsize
+
+
+def can_reflink(directory: str) -> bool:
+    """Whether files in `directory` can share blocks (FICLONE): tried on two scratch files there, which
+    are removed again (start-up reconciliation removes any a crash leaves)."""
+    src = os.path.join(directory, f".reflink-probe-{os.getpid()}-a")
+    dst = os.path.join(directory, f".reflink-probe-{os.getpid()}-b")
+    try:
+        src_fd = os.open(src, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.pwrite(src_fd, b"\0" * 4096, 0)
+            dst_fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                return _reflink(src_fd, dst_fd)
+            finally:
+                os.close(dst_fd)
+        finally:
+            os.close(src_fd)
+    except OSError:
+        return False
+    finally:
+        remove(src)
+        remove(dst)

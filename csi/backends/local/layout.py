@@ -2,6 +2,7 @@
 
     <data-dir>/state.db                     SQLite state (state.py), with its -wal and -shm files
     <data-dir>/owner.lock                   the owner lock (startup.lock_data_dir)
+    <data-dir>/freeze.sock                  the node plugin's freeze service (freeze_service.py)
     <data-dir>/volumes/lv-<32 hex>.img      one sparse file per volume (vol-<32 hex> standing in for EBS)
     <data-dir>/snapshots/ls-<32 hex>.img    one file per snapshot
 
@@ -27,6 +28,7 @@ EBS_DRIVER_NAME = "ebs.csi.aws.com"
 
 STATE_DB = "state.db"
 LOCK_FILE = "owner.lock"
+FREEZE_SOCKET = "freeze.sock"
 IMAGE_SUFFIX = ".img"
 
 
@@ -50,6 +52,7 @@ class Layout:
         self.snapshots_dir = os.path.join(data_dir, "snapshots")
         self.state_db = os.path.join(data_dir, STATE_DB)
         self.lock_file = os.path.join(data_dir, LOCK_FILE)
+        self.freeze_socket = os.path.join(data_dir, FREEZE_SOCKET)
 
     def create(self) -> None:
         """Make the data dir and its subdirectories (owner only). Idempotent."""

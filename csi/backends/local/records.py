@@ -1,5 +1,5 @@
-"""Volume records of the local backend as Disk values: what a row of the state database plus its
-backing file say about a volume, and the creation arguments compared when a name is created again."""
+"""Volume records of the local backend as Disk values: what a row of the state database says about a
+volume, and the creation arguments compared when a name is created again."""
 
 from __future__ import annotations
 
@@ -7,8 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from csi import keys
-from csi.backends.base import Attachment, Condition, ContentSource, Disk, DiskOptions, SourceKind
-from csi.backends.local import files
+from csi.backends.base import Attachment, ContentSource, Disk, DiskOptions, SourceKind
 from csi.backends.local.state import AttachmentRow, VolumeRow
 from csi.failures import AlreadyExistsError
 
@@ -35,16 +34,6 @@ def check_same(row: VolumeRow, wanted: dict[str, Any]) -> None:
         )
 
 
-def condition(row: VolumeRow, path: str) -> Condition:
-    """Abnormal when the backing file is missing or shorter than the volume."""
-    size = files.size_of(path)
-    if size is None:
-        return Condition(abnormal=True, message=f"backing file of {row.id} is missing")
-    if size < row.size:
-        return Condition(abnormal=True, message=f"backing file is {size} bytes, expected {row.size}")
-    return Condition()
-
-
 def to_disk(
     row: VolumeRow, attachments: Sequence[AttachmentRow], path: str, topology: Mapping[str, str]
 ) -> Disk:
@@ -61,6 +50,5 @@ def to_disk(
         attachments=tuple(
             Attachment(a.node_id, a.readonly, {keys.PC_VOLUME_FILE: path}) for a in attachments
         ),
-        condition=condition(row, path),
         multi_node=bool(row.spec.get("multi_node")),
     )

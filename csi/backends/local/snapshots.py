@@ -1,12 +1,16 @@
 """Snapshots and group snapshots of the local backend: block-sharing copies of volume files
 (files.copy), recorded in the state database. The contracts are those of csi.backends.base.Backend.
+Group snapshot members are copied with their staged filesystems frozen (quiesce.py).
 
 A snapshot file is written before its record is committed, and on a lost name race it is removed again,
-so start-up reconciliation never meets a snapshot record without its file.
+so start-up reconciliation never meets a snapshot record without its file. Snapshots live in the data
+dir of their volume, so they are restorable in its topology segment only (Snapshot.topology); a
+CreateSnapshot whose requisite topology names another segment -> OutOfCapacityError.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Mapping, Sequence
 
@@ -24,20 +28,15 @@ from csi.backends.local.layout import (
     new_id,
     page_start,
 )
-from csi.backends.local.state import GroupRow, NameTaken, SnapshotRow, Store
+from csi.backends.local.quiesce import Quiescer
+from csi.backends.local.state import GroupRow, NameTaken, SnapshotRow, Store, VolumeRow
+from csi.backends.local.topology import Segment
 from csi.failures import AlreadyExistsError, FailedPreconditionError, InvalidParameterError, NotFoundError
 from csi.keylocks import KeyedLocks
+from shim import failpoints
 
-
-def snapshot_record(row: SnapshotRow) -> Snapshot:
-    return Snapshot(
-        id=row.id,
-        name=row.name,
-        source_volume_id=row.source_volume_id,
-        size_bytes=row.size,
-        created_at=row.created,
-        group_id=row.group_id,
-    )
+log = logging.getLogger("ballast.local")
+CONSISTENCY, CRASH, BEST_EFFORT = "consistency", "crash", "best-effort"
 
 
 def _no_parameters(what: str, parameters: Mapping[str, str]) -> None:
@@ -47,23 +46,69 @@ def _no_parameters(what: str, parameters: Mapping[str, str]) -> None:
         )
 
 
-class LocalSnapshots:
-    """Snapshot operations over one data dir; `locks` are the backend's per-volume locks."""
+def _strict_consistency(parameters: Mapping[str, str]) -> bool:
+    """The group snapshot parameter `consistency`: `crash` (default) refuses a snapshot that is not
+    crash-consistent, `best-effort` takes it anyway. Any other parameter -> InvalidParameterError."""
+    rest = dict(parameters)
+    value = rest.pop(CONSISTENCY, CRASH)
+    _no_parameters("group snapshot", rest)
+    if value not in (CRASH, BEST_EFFORT):
+        raise InvalidParameterError(
+            f"group snapshot parameter {CONSISTENCY} must be {CRASH} or {BEST_EFFORT}"
+        )
+    return value == CRASH
 
-    def __init__(self, layout: Layout, store: Store, locks: KeyedLocks) -> None:
+
+def _not_consistent(name: str, unfrozen: Mapping[str, str], strict: bool) -> None:
+    why = "; ".join(unfrozen[v] for v in sorted(unfrozen))
+    if strict:
+        raise FailedPreconditionError(
+            f"group snapshot {name!r} would not be crash-consistent: {why}. Stop the writers, or set the "
+            f"VolumeGroupSnapshotClass parameter {CONSISTENCY}: {BEST_EFFORT} to take it anyway"
+        )
+    log.warning("group snapshot %r is not crash-consistent (%s=%s): %s", name, CONSISTENCY, BEST_EFFORT, why)
+
+
+class LocalSnapshots:
+    """Snapshot operations over one data dir; `locks` are the backend's per-volume locks, `quiescer`
+    holds the writes to group snapshot members."""
+
+    def __init__(
+        self, layout: Layout, store: Store, locks: KeyedLocks, segment: Segment, quiescer: Quiescer
+    ) -> None:
         self._layout = layout
         self._store = store
         self._locks = locks
+        self._segment = segment
+        self._quiescer = quiescer
 
-    def create(self, name: str, source_volume_id: str, parameters: Mapping[str, str]) -> Snapshot:
+    def _record(self, row: SnapshotRow) -> Snapshot:
+        return Snapshot(
+            id=row.id,
+            name=row.name,
+            source_volume_id=row.source_volume_id,
+            size_bytes=row.size,
+            created_at=row.created,
+            group_id=row.group_id,
+            topology=(dict(self._segment.labels),),
+        )
+
+    def create(
+        self,
+        name: str,
+        source_volume_id: str,
+        parameters: Mapping[str, str],
+        requisite: Sequence[Mapping[str, str]] = (),
+    ) -> Snapshot:
         _no_parameters("snapshot", parameters)
+        self._segment.check_requisite(requisite)
         existing = self._store.snapshot_by_name(name)
         if existing is not None:
             if existing.source_volume_id != source_volume_id:
                 raise AlreadyExistsError(
                     f"snapshot {name!r} already exists for volume {existing.source_volume_id}"
                 )
-            return snapshot_record(existing)
+            return self._record(existing)
         src = self._layout.volume_file(source_volume_id)
         snapshot_id = new_id(SNAPSHOT_PREFIX)
         dst = self._layout.snapshot_file(snapshot_id)
@@ -74,12 +119,14 @@ class LocalSnapshots:
             except FileNotFoundError as exc:
                 raise FailedPreconditionError(f"the backing file of {source_volume_id} is missing") from exc
             snap = SnapshotRow(0, snapshot_id, name, source_volume_id, row.size, time.time(), "")
+        failpoints.hit("local.snapshot.file-written")
         try:
             self._store.insert_snapshots([snap])
         except NameTaken:
             files.remove(dst)
-            return self.create(name, source_volume_id, parameters)
-        return snapshot_record(snap)
+            return self.create(name, source_volume_id, parameters, requisite)
+        failpoints.hit("local.snapshot.recorded")
+        return self._record(snap)
 
     def delete(self, snapshot_id: str) -> None:
         path = self._layout.snapshot_file(snapshot_id)
@@ -98,7 +145,7 @@ class LocalSnapshots:
         row = self._store.snapshot(snapshot_id)
         if row is None:
             raise NotFoundError(f"snapshot {snapshot_id} not found")
-        return snapshot_record(row)
+        return self._record(row)
 
     def page(
         self, snapshot_id: str, source_volume_id: str, max_entries: int, starting_token: str
@@ -117,22 +164,24 @@ class LocalSnapshots:
         more = bool(max_entries) and len(rows) > max_entries
         rows = rows[:max_entries] if max_entries else rows
         token = f"{SNAPSHOT_TOKEN_PREFIX}{rows[-1].seq}" if more else ""
-        return Page(items=tuple(snapshot_record(r) for r in rows), next_token=token)
+        return Page(items=tuple(self._record(r) for r in rows), next_token=token)
 
     # ---- group snapshots
 
     def _group(self, group: GroupRow) -> GroupSnapshot:
-        members = tuple(snapshot_record(r) for r in self._store.group_members(group.id))
+        members = tuple(self._record(r) for r in self._store.group_members(group.id))
         return GroupSnapshot(id=group.id, name=group.name, snapshots=members, created_at=group.created)
 
     def create_group(
         self, name: str, volume_ids: Sequence[str], parameters: Mapping[str, str]
     ) -> GroupSnapshot:
         """Every member is copied inside one critical section that holds all members' locks, so no
-        expand, delete or other snapshot of a member interleaves. The copies are one instant where the
-        data dir supports reflink; otherwise writes arriving through a member's loop device during the
-        copy are not held back (docs/install.md says so)."""
-        _no_parameters("group snapshot", parameters)
+        expand, delete or other snapshot of a member interleaves, and with every member's staged
+        filesystem frozen, so the copies are one crash-consistent instant (quiesce.py). A member whose
+        writes cannot be held (published as a raw block device; in the split layout, no node plugin
+        answering) -> FailedPreconditionError, unless the `consistency: best-effort` parameter accepts
+        a snapshot that is not crash-consistent."""
+        strict = _strict_consistency(parameters)
         existing = self._store.group_by_name(name)
         if existing is not None:
             if sorted(existing.volume_ids) != sorted(volume_ids):
@@ -143,29 +192,39 @@ class LocalSnapshots:
         for v in volume_ids:
             self._layout.volume_file(v)
         group = GroupRow(new_id(GROUP_PREFIX), name, tuple(volume_ids), time.time())
-        members = self._copy_members(group)
+        members = self._copy_members(group, strict)
         try:
             self._store.insert_snapshots(members, group)
         except NameTaken:
             self._remove(members)
             return self.create_group(name, volume_ids, parameters)
+        failpoints.hit("local.group-snapshot.recorded")
         return self._group(group)
 
-    def _copy_members(self, group: GroupRow) -> list[SnapshotRow]:
-        """One snapshot file per member volume, all under the members' locks; none left on failure."""
-        members: list[SnapshotRow] = []
+    def _copy_members(self, group: GroupRow, strict: bool) -> list[SnapshotRow]:
+        """One snapshot file per member volume, all under the members' locks and with their filesystems
+        frozen for the copies alone; none left on failure."""
         with self._locks.hold(*group.volume_ids):
             rows = [self._store.existing_volume(v) for v in group.volume_ids]
-            try:
-                for row in rows:
-                    snap_id = new_id(SNAPSHOT_PREFIX)
-                    files.copy(self._layout.volume_file(row.id), self._layout.snapshot_file(snap_id))
-                    members.append(SnapshotRow(0, snap_id, "", row.id, row.size, group.created, group.id))
-            except BaseException as exc:
-                self._remove(members)
-                if isinstance(exc, FileNotFoundError):
-                    raise FailedPreconditionError("the backing file of a member volume is missing") from exc
-                raise
+            with self._quiescer.hold({r.id: self._layout.volume_file(r.id) for r in rows}) as held:
+                if held.unfrozen:
+                    _not_consistent(group.name, held.unfrozen, strict)
+                failpoints.hit("local.group-snapshot.frozen")
+                return self._copy_all(group, rows)
+
+    def _copy_all(self, group: GroupRow, rows: Sequence[VolumeRow]) -> list[SnapshotRow]:
+        members: list[SnapshotRow] = []
+        try:
+            for row in rows:
+                snap_id = new_id(SNAPSHOT_PREFIX)
+                files.copy(self._layout.volume_file(row.id), self._layout.snapshot_file(snap_id))
+                members.append(SnapshotRow(0, snap_id, "", row.id, row.size, group.created, group.id))
+                failpoints.hit("local.group-snapshot.member-copied")
+        except BaseException as exc:
+            self._remove(members)
+            if isinstance(exc, FileNotFoundError):
+                raise FailedPreconditionError("the backing file of a member volume is missing") from exc
+            raise
         return members
 
     def _remove(self, members: Sequence[SnapshotRow]) -> None:
@@ -183,3 +242,45 @@ class LocalSnapshots:
         if group is None:
             raise NotFoundError(f"group snapshot {group_id!r} not found")
         return self._group(group)
+
+
+class SnapshotOperations:
+    """The snapshot operations of the Backend interface, delegated to the backend's LocalSnapshots."""
+
+    _snapshots: LocalSnapshots
+
+    def create_snapshot(
+        self,
+        name: str,
+        source_volume_id: str,
+        parameters: Mapping[str, str],
+        requisite: Sequence[Mapping[str, str]] = (),
+    ) -> Snapshot:
+        return self._snapshots.create(name, source_volume_id, parameters, requisite)
+
+    def delete_snapshot(self, snapshot_id: str) -> None:
+        self._snapshots.delete(snapshot_id)
+
+    def get_snapshot(self, snapshot_id: str) -> Snapshot:
+        return self._snapshots.get(snapshot_id)
+
+    def list_snapshots(
+        self,
+        *,
+        snapshot_id: str = "",
+        source_volume_id: str = "",
+        max_entries: int = 0,
+        starting_token: str = "",
+    ) -> Page[Snapshot]:
+        return self._snapshots.page(snapshot_id, source_volume_id, max_entries, starting_token)
+
+    def create_group_snapshot(
+        self, name: str, volume_ids: Sequence[str], parameters: Mapping[str, str]
+    ) -> GroupSnapshot:
+        return self._snapshots.create_group(name, volume_ids, parameters)
+
+    def delete_group_snapshot(self, group_id: str) -> None:
+        self._snapshots.delete_group(group_id)
+
+    def get_group_snapshot(self, group_id: str) -> GroupSnapshot:
+        return self._snapshots.get_group(group_id)

@@ -12,20 +12,32 @@ changes anything in the data dir.
 
 `reconcile(layout, store)` finishes what a crash interrupted: a backing file is written before its
 record is committed and a record deleted before its file, so files without a record are removed
-(an interrupted create or delete) and files shorter than their record are grown (an interrupted expand).
+(an interrupted create or delete) and files shorter than their record are grown. A file still at the
+size an expand in progress started from (the ledger's growth intent) lost nothing; any other short file
+lost data, and its volume is marked DATA_LOSS (health.py) before it is grown.
+
+`prepare_node(layout, serve_freezes)` is the node side's start: it thaws the staged filesystems a killed
+process left frozen in the middle of a group snapshot and, in the split layout, serves the controller's
+freezes (freeze_service.py).
 """
 
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import sqlite3
 import urllib.parse
 
 from csi.backends.local import files
+from csi.backends.local.freeze_service import FreezeServer
+from csi.backends.local.health import Ledger
 from csi.backends.local.layout import SNAPSHOT_ID, VOLUME_ID, Layout
+from csi.backends.local.quiesce import LocalQuiescer, thaw_staged
 from csi.backends.local.state import Store
 from csi.failures import FailedPreconditionError, OutOfRangeError
+
+log = logging.getLogger("ballast.local")
 
 
 class StateUnusable(FailedPreconditionError):
@@ -104,7 +116,8 @@ def check_state(layout: Layout) -> None:
 
 
 def reconcile(layout: Layout, store: Store) -> None:
-    """Remove backing files without a committed record; grow files shorter than their record."""
+    """Remove backing files without a committed record; grow files shorter than their record, marking
+    the ones that lost data."""
     for directory, known, pattern in (
         (layout.volumes_dir, store.volume_ids(), VOLUME_ID),
         (layout.snapshots_dir, store.snapshot_ids(), SNAPSHOT_ID),
@@ -113,11 +126,35 @@ def reconcile(layout: Layout, store: Store) -> None:
             stem = layout.id_of(entry)
             if not (entry != stem and pattern.fullmatch(stem) and stem in known):
                 files.remove(os.path.join(directory, entry))
+    ledger = Ledger(store)
+    growing = ledger.growth()
     for row in store.volumes():
         path = layout.volume_file(row.id)
         size = files.size_of(path)
         if size is not None and size < row.size:
+            if growing.get(row.id) != size:
+                ledger.mark_short(row.id, size, row.size)
             try:
                 files.grow(path, row.size)
             except OutOfRangeError:  # an expand past the largest file, torn before its undo
                 store.set_size(row.id, size)
+    ledger.settle()
+
+
+def prepare_node(layout: Layout, serve_freezes: bool) -> FreezeServer | None:
+    """Thaw what a killed process left frozen; with `serve_freezes`, start the freeze service. A service
+    that cannot listen is logged, not fatal: the controller then refuses group snapshots of volumes in
+    use, saying the service is not answering."""
+    from csi import loop
+    from csi.mount import Mounter
+
+    thaw_staged(layout.volumes_dir, Mounter(), loop)
+    if not serve_freezes:
+        return None
+    server = FreezeServer(layout, LocalQuiescer())
+    try:
+        server.start()
+    except OSError as exc:
+        log.warning("the freeze service cannot listen at %s: %s", layout.freeze_socket, exc)
+        return None
+    return server

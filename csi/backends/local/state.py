@@ -53,6 +53,17 @@ CREATE TABLE IF NOT EXISTS groups (
     volume_ids TEXT NOT NULL,
     created REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS health_marks (
+    volume_id TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    message TEXT NOT NULL,
+    since REAL NOT NULL,
+    PRIMARY KEY (volume_id, reason)
+);
+CREATE TABLE IF NOT EXISTS growth (
+    volume_id TEXT PRIMARY KEY,
+    from_size INTEGER NOT NULL
+);
 """
 
 
@@ -147,6 +158,10 @@ class Store:
     def _read(self, sql: str, args: Sequence[Any] = ()) -> list[sqlite3.Row]:
         with self._lock:
             return self._db.execute(sql, tuple(args)).fetchall()
+
+    def query(self, sql: str, args: Sequence[Any] = ()) -> list[sqlite3.Row]:
+        """One read statement, for the modules that keep their own tables here (health.py)."""
+        return self._read(sql, args)
 
     # ---- volumes
 

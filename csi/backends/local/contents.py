@@ -1,0 +1,56 @@
+"""What a new volume's backing file holds: nothing (a sparse file), or a block-sharing copy of a snapshot
+(restore) or of another volume (clone). The file is durable (file, then directory) when written, and the
+caller commits the volume's record only after that (docs/recovery.md, "Power loss").
+"""
+
+from __future__ import annotations
+
+from csi.backends.base import ContentSource, DiskOptions, SourceKind
+from csi.backends.local import files
+from csi.backends.local.layout import Layout
+from csi.backends.local.state import Store
+from csi.failures import FailedPreconditionError, NotFoundError, OutOfRangeError
+from csi.keylocks import KeyedLocks
+
+# Crash points of CreateVolume by content source: (file written and synced, record committed).
+CREATE_FAILPOINTS = {
+    None: ("local.create.file-written", "local.create.recorded"),
+    SourceKind.VOLUME: ("local.clone.file-written", "local.clone.recorded"),
+    SourceKind.SNAPSHOT: ("local.restore.file-written", "local.restore.recorded"),
+}
+
+
+def source_file(layout: Layout, store: Store, source: ContentSource, size: int) -> tuple[str, str]:
+    """(path, volume id to lock) of a content source; missing -> NotFound, bigger -> OutOfRange."""
+    if source.kind is SourceKind.SNAPSHOT:
+        path = layout.snapshot_file(source.id)
+        snap = store.snapshot(source.id)
+        if snap is None:
+            raise NotFoundError(f"source snapshot {source.id} not found")
+        src_size, lock = snap.size, ""
+    else:
+        path = layout.volume_file(source.id)
+        src_size, lock = store.existing_volume(source.id).size, source.id
+    if src_size > size:
+        raise OutOfRangeError(
+            f"source {source.kind.value} {source.id} is {src_size} bytes, larger than the requested {size}"
+        )
+    return path, lock
+
+
+def write_volume_file(
+    layout: Layout, store: Store, locks: KeyedLocks, path: str, options: DiskOptions
+) -> None:
+    """The new volume's backing file at `path`: sparse, or a copy of its content source taken under the
+    source volume's lock."""
+    if options.source is None:
+        files.create_sparse(path, options.size_bytes)
+        return
+    src, lock = source_file(layout, store, options.source, options.size_bytes)
+    with locks.hold(*([lock] if lock else [])):
+        try:
+            files.copy(src, path, options.size_bytes)
+        except FileNotFoundError as exc:
+            raise FailedPreconditionError(
+                f"the backing file of source {options.source.id} is missing"
+            ) from exc
