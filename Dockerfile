@@ -1,5 +1,6 @@
 # syntax=docker/dockerfile:1
-# Ballast CSI driver image: one image for the controller Deployment and the node DaemonSet.
+# Ballast CSI driver image: one image for the controller Deployment, the node DaemonSet and the
+# migration controller (`ballast-migrate controller`, which needs the `kube` extra).
 # Stage 1 builds wheels (the driver and its dependencies); stage 2 installs them into a slim runtime
 # with only the OS tools the node plugin runs. The default user is unprivileged (controller); the
 # chart's node DaemonSet runs the same image as root.
@@ -12,7 +13,7 @@ WORKDIR /src
 COPY pyproject.toml README* ./
 COPY csi ./csi
 COPY shim ./shim
-RUN pip wheel --wheel-dir /wheels ".[aws]"
+RUN pip wheel --wheel-dir /wheels ".[aws,kube]"
 
 FROM ${PYTHON_IMAGE} AS runtime
 # Programs csi/mount.py runs (see REQUIRED_TOOLS there) plus libudev1, which pyudev loads.
@@ -26,7 +27,7 @@ RUN apt-get update \
         xfsprogs \
     && rm -rf /var/lib/apt/lists/*
 COPY --from=build /wheels /tmp/wheels
-RUN pip install --no-cache-dir --no-index --find-links=/tmp/wheels "ballast-csi[aws]" \
+RUN pip install --no-cache-dir --no-index --find-links=/tmp/wheels "ballast-csi[aws,kube]" \
     && rm -rf /tmp/wheels \
     && groupadd --system --gid 1000 ballast \
     && useradd --system --uid 1000 --gid 1000 --no-create-home --home-dir /nonexistent \

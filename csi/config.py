@@ -15,7 +15,6 @@ from typing import Any, NamedTuple
 
 from csi import backend_registry as registry
 from csi.commands import add_subcommands
-from shim.gates import FeatureGateError, FeatureGates
 
 MODES = ("all", "controller", "node")
 DEFAULT_ENDPOINT = "unix:///run/csi/socket.sock"
@@ -39,7 +38,6 @@ class ServerConfig(NamedTuple):
     metrics_address: str = ""
     log_format: str = "text"
     log_level: str = "info"
-    feature_gates: str = ""
     snapshot_metadata_block_type: str = "variable"  # or "fixed"
     snapshot_metadata_block_size: int = 0  # 0: the backend's own granularity
 
@@ -83,9 +81,6 @@ class Config(NamedTuple):
     def runs_node(self) -> bool:
         return self.server.mode in ("all", "node")
 
-    def gates(self) -> FeatureGates:
-        return FeatureGates.parse(self.server.feature_gates)
-
 
 class _VersionAction(argparse.Action):
     """--version, reading package metadata only when asked (it costs start-up time otherwise)."""
@@ -125,14 +120,6 @@ def _non_negative(text: str) -> int:
     if not text.isdigit():
         raise argparse.ArgumentTypeError(f"must be a whole number >= 0, got {text!r}")
     return int(text)
-
-
-def _gates(text: str) -> str:
-    try:
-        FeatureGates.parse(text)
-    except FeatureGateError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from exc
-    return text
 
 
 def _endpoint(text: str) -> str:
@@ -209,12 +196,6 @@ def _server_flags(srv: argparse._ArgumentGroup) -> None:
         choices=("debug", "info", "warning", "error"),
         default=_env("BALLAST_LOG_LEVEL", "info"),
         help="log level [BALLAST_LOG_LEVEL] (default: info)",
-    )
-    srv.add_argument(
-        "--feature-gates",
-        type=_gates,
-        default=_env("BALLAST_FEATURE_GATES", ""),
-        help="Kubernetes-style gates, e.g. CSIMigration=true,CSIMigrationAWS=false [BALLAST_FEATURE_GATES]",
     )
 
 
@@ -367,7 +348,6 @@ def from_namespace(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> C
             metrics_address=ns.metrics_address,
             log_format=ns.log_format,
             log_level=ns.log_level,
-            feature_gates=ns.feature_gates,
             snapshot_metadata_block_type=ns.snapshot_metadata_block_type,
             snapshot_metadata_block_size=ns.snapshot_metadata_block_size,
         ),

@@ -1,9 +1,11 @@
-"""`ballast-migrate`: translate manifests between in-tree and CSI form, and plan a migration.
+"""`ballast-migrate`: translate manifests between in-tree and CSI form, plan a migration, and run it
+(`controller`, `apply`, `rollback`, `status`: shim.migrate, imported only for those commands).
 
 Exit codes: 0 success (`plan`: nothing blocks), 1 something cannot be translated (`plan`: something
-blocks), 2 usage or input errors (bad flags, invalid YAML/JSON, unknown kind, missing fields, an
-unreachable cluster). Errors are one line per problem on stderr, naming the document and field;
-no traceback. `translate` prints nothing when any document fails, so partial output is never applied.
+blocks; `apply`/`rollback`: something is blocked), 2 usage or input errors (bad flags, invalid
+YAML/JSON, unknown kind, missing fields, an unusable kubeconfig, an unreachable cluster). Errors are
+one line per problem on stderr, naming the document and field; no traceback. `translate` prints
+nothing when any document fails, so partial output is never applied.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import TextIO
 import yaml
 
 from shim import TranslationError, Translator
+from shim.failpoints import FailpointSpecError
 from shim.gates import GATES, FeatureGateError, FeatureGates
 from shim.manifests import (
     JsonObj,
@@ -31,6 +34,9 @@ from shim.manifests import (
     pod_spec,
     pod_spec_path,
 )
+from shim.migrate import options as migrate_options
+from shim.migrate.options import KubeConfigError, UsageError
+from shim.migrate.table import render_table
 from shim.plan import PlanItem, Planner, installed_drivers
 
 EXIT_OK = 0
@@ -39,10 +45,6 @@ EXIT_USAGE = 2
 
 # Annotation on the PV that `translate` prints for an inline pod volume (Kubernetes builds it in memory).
 INLINE_SOURCE_ANNOTATION = "migration.ballast.io/inline-volume-of"
-
-
-class UsageError(Exception):
-    """Bad flags or flag combinations (exit 2)."""
 
 
 # ---------------------------------------------------------------- translate
@@ -152,16 +154,6 @@ def _becomes_text(item: PlanItem) -> str:
     return f"{item.becomes.get('driver', item.driver)} {item.becomes.get('volumeHandle', '')}".rstrip()
 
 
-def render_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """Left-aligned columns separated by two spaces; the last column is not padded."""
-    widths = [max(len(str(r[i])) for r in [headers, *rows]) for i in range(len(headers))]
-    lines = []
-    for row in [headers, *rows]:
-        cells = [str(c).ljust(w) for c, w in zip(row[:-1], widths, strict=False)] + [str(row[-1])]
-        lines.append("  ".join(cells).rstrip())
-    return "\n".join(lines) + "\n"
-
-
 def _plan_report(items: Sequence[PlanItem], gates: FeatureGates, drivers: set[str]) -> JsonObj:
     return {
         "featureGates": str(gates),
@@ -234,13 +226,19 @@ def _dump_documents(documents: Sequence[JsonObj], output: str, out: TextIO) -> N
         out.write(yaml.safe_dump_all(documents, sort_keys=False, explicit_start=True))
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="ballast-migrate",
-        description="Translate Kubernetes in-tree volume manifests to CSI and plan a migration.",
+def _inputs(parser: argparse.ArgumentParser, help_text: str) -> None:
+    parser.add_argument("paths", nargs="*", metavar="PATH", help=help_text)
+    parser.add_argument(
+        "-f",
+        "--filename",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="a file or directory, like kubectl's -f (repeatable; adds to PATH)",
     )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
+
+def _add_translate(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     translate = commands.add_parser(
         "translate",
         help="print manifests in CSI form",
@@ -249,12 +247,14 @@ def build_parser() -> argparse.ArgumentParser:
         "by the PersistentVolume Kubernetes builds for it in memory, annotated with "
         f"{INLINE_SOURCE_ANNOTATION}. Other objects pass through unchanged.",
     )
-    translate.add_argument("paths", nargs="*", metavar="PATH", help="files or directories; - or none: stdin")
+    _inputs(translate, "files or directories; - or none: stdin")
     translate.add_argument(
         "--reverse", action="store_true", help="translate CSI PersistentVolumes back to in-tree"
     )
     translate.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml")
 
+
+def _add_plan(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     plan = commands.add_parser(
         "plan",
         help="list what would migrate and what blocks it",
@@ -262,7 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
         "whether migration is on under --feature-gates, what it becomes, and what blocks it. "
         "Exit 0 when nothing blocks, 1 when something does, 2 on bad input.",
     )
-    plan.add_argument("paths", nargs="*", metavar="PATH", help="files or directories; - for stdin")
+    _inputs(plan, "files or directories; - for stdin")
     plan.add_argument("--kubeconfig", help="read PVs, StorageClasses, Pods and CSIDrivers from this cluster")
     plan.add_argument("--context", help="kubeconfig context (default: current)")
     plan.add_argument("--feature-gates", default="", metavar="A=true,B=false", help="migration gates")
@@ -275,40 +275,62 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plan.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
 
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ballast-migrate",
+        description="Translate Kubernetes in-tree volume manifests to CSI, plan a migration, and run it.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_translate(commands)
+    _add_plan(commands)
     gates = commands.add_parser("gates", help="list the migration feature gates and their values")
     gates.add_argument("--feature-gates", default="", metavar="A=true,B=false")
     gates.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
+    migrate_options.add_commands(commands)
     return parser
+
+
+def _run_translate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    manifests = load_sources([*args.paths, *args.filename] or ["-"])
+    result = translate_manifests(Translator(), manifests, args.reverse)
+    for warning in result.warnings:
+        err.write(f"ballast-migrate: warning: {warning}\n")
+    if result.errors:
+        for error in result.errors:
+            err.write(f"ballast-migrate: {error}\n")
+        return EXIT_BLOCKED
+    _dump_documents(result.documents, args.output, out)
+    return EXIT_OK
+
+
+def _run_plan(args: argparse.Namespace, out: TextIO) -> int:
+    gates = FeatureGates.parse(args.feature_gates)
+    paths = [*args.paths, *args.filename]
+    if args.kubeconfig and paths:
+        raise UsageError("give either manifest paths or --kubeconfig, not both")
+    if not args.kubeconfig and not paths:
+        raise UsageError("give manifest paths (- for stdin) or --kubeconfig")
+    manifests = load_cluster(args.kubeconfig, args.context) if args.kubeconfig else load_sources(paths)
+    objects = expand_lists(manifests)
+    drivers = installed_drivers(objects, args.csi_driver)
+    planner = Planner(Translator(), gates, drivers)
+    items = [item for manifest in objects for item in planner.plan(manifest)]
+    _write_plan(items, gates, drivers, args.output, out)
+    return EXIT_BLOCKED if any(i.blockers for i in items) else EXIT_OK
 
 
 def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if args.command == "gates":
         _write_gates(FeatureGates.parse(args.feature_gates), args.output, out)
         return EXIT_OK
-    translator = Translator()
     if args.command == "translate":
-        manifests = load_sources(args.paths or ["-"])
-        result = translate_manifests(translator, manifests, args.reverse)
-        for warning in result.warnings:
-            err.write(f"ballast-migrate: warning: {warning}\n")
-        if result.errors:
-            for error in result.errors:
-                err.write(f"ballast-migrate: {error}\n")
-            return EXIT_BLOCKED
-        _dump_documents(result.documents, args.output, out)
-        return EXIT_OK
-    gates = FeatureGates.parse(args.feature_gates)
-    if args.kubeconfig and args.paths:
-        raise UsageError("give either manifest paths or --kubeconfig, not both")
-    if not args.kubeconfig and not args.paths:
-        raise UsageError("give manifest paths (- for stdin) or --kubeconfig")
-    manifests = load_cluster(args.kubeconfig, args.context) if args.kubeconfig else load_sources(args.paths)
-    objects = expand_lists(manifests)
-    drivers = installed_drivers(objects, args.csi_driver)
-    planner = Planner(translator, gates, drivers)
-    items = [item for manifest in objects for item in planner.plan(manifest)]
-    _write_plan(items, gates, drivers, args.output, out)
-    return EXIT_BLOCKED if any(i.blockers for i in items) else EXIT_OK
+        return _run_translate(args, out, err)
+    if args.command == "plan":
+        return _run_plan(args, out)
+    from shim.migrate import commands  # the controller's modules load only for its commands
+
+    return commands.run(args, out)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -321,7 +343,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     try:
         return _run(args, out, err)
-    except (ManifestError, FeatureGateError, UsageError) as exc:
+    except (ManifestError, FeatureGateError, UsageError, KubeConfigError, FailpointSpecError) as exc:
         message = str(exc) if not isinstance(exc, FeatureGateError) else f"--feature-gates: {exc}"
         err.write(f"ballast-migrate: {message}\n")
         return EXIT_USAGE

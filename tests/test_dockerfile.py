@@ -135,6 +135,39 @@ def test_entrypoint_is_the_installed_console_script(parsed: tuple[dict[str, str]
     assert "ballast-csi" in project["scripts"]
 
 
+def installed_extras(stage: Stage, command: str) -> set[str]:
+    """Extras named by `pip <command> ... ballast-csi[a,b]` / `".[a,b]"` in the stage's RUN lines."""
+    for run in stage.all("RUN"):
+        for part in run.split("&&"):
+            words = shlex.split(part)
+            if words[:2] == ["pip", command] or words[:3] == ["python", "-m", command]:
+                for word in words:
+                    if "[" in word and word.endswith("]"):
+                        return set(word[word.index("[") + 1 : -1].split(","))
+    return set()
+
+
+def test_image_carries_the_kube_extra_for_the_migration_controller(
+    parsed: tuple[dict[str, str], list[Stage]],
+) -> None:
+    build, final = parsed[1]
+    assert {"aws", "kube"} <= installed_extras(build, "wheel")
+    assert installed_extras(final, "install") == installed_extras(build, "wheel")
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert any(dep.startswith("kubernetes") for dep in extras["kube"])
+
+
+def test_chart_migration_deployment_runs_an_installed_console_script() -> None:
+    """The chart overrides the entrypoint with `ballast-migrate controller`: the image must have it."""
+    from tests.chart.render import containers, only, render
+
+    container = containers(only(render("migration"), "Deployment", of="migration"))["ballast-migrate"]
+    assert container["command"] == ["ballast-migrate"]
+    assert container["args"][0] == "controller"
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert project["scripts"]["ballast-migrate"] == "shim.cli:main"
+
+
 def copy_sources(stage: Stage) -> list[str]:
     sources: list[str] = []
     for copy in stage.all("COPY"):
@@ -202,8 +235,10 @@ def test_copied_sources_build_a_complete_wheel(
     )
     (wheel,) = wheels.glob("ballast_csi-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    for module in ("csi/server.py", "csi/mount.py", "csi/_proto/csi_pb2.py", "shim/cli.py", "shim/gates.py"):
+    modules = ("csi/server.py", "csi/mount.py", "csi/_proto/csi_pb2.py", "shim/cli.py", "shim/gates.py")
+    for module in (*modules, "shim/migrate/controller.py", "shim/migrate/engine.py"):
         assert module in names, module
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     text = zipfile.ZipFile(wheel).read(entry_points).decode()
     assert "ballast-csi = csi.__main__:main" in text
+    assert "ballast-migrate = shim.cli:main" in text

@@ -165,8 +165,16 @@ def of_kind(objects: list[Obj], kind: str) -> list[Obj]:
     return [o for o in objects if o["kind"] == kind]
 
 
-def only(objects: list[Obj], kind: str) -> Obj:
-    found = of_kind(objects, kind)
+def component(obj: Obj) -> str:
+    return str(obj["metadata"].get("labels", {}).get("app.kubernetes.io/component", ""))
+
+
+def only(objects: list[Obj], kind: str, of: str | None = None) -> Obj:
+    """The one object of `kind`; a Deployment is the driver's controller unless `of` names another
+    component (`migration`: the migration controller's)."""
+    if of is None and kind == "Deployment":
+        of = "controller"
+    found = [o for o in of_kind(objects, kind) if of is None or component(o) == of]
     assert len(found) == 1, f"expected one {kind}, got {len(found)}"
     return found[0]
 

@@ -39,13 +39,17 @@ def render_notes(values: dict[str, Any], tmp_path: Path) -> str:
 
 def test_notes_give_the_migration_order_and_rollback(tmp_path: Path) -> None:
     notes = render_notes(VALUE_SETS["defaults"], tmp_path)
-    steps = [notes.index(s) for s in ("1. Install the driver", "3. Enable the gates", "4. Drain the nodes")]
+    steps = [
+        notes.index(s) for s in ("1. Install the driver", "3. Enable the migration controller", "4. Follow")
+    ]
     assert steps == sorted(steps)
-    assert "In-tree migration is OFF" in notes
+    assert "In-tree migration is OFF" in notes and "no migration controller runs" in notes
+    assert "--set migration.enabled=true" in notes and "helm upgrade rel <chart> -n storage" in notes
     rollback = notes[notes.index("Rolling back") :]
-    assert "--set migration.enabled=false" in rollback
-    assert rollback.index("drain each node") < rollback.index("control") < rollback.index("migration.enabled")
-    assert "helm upgrade rel <chart> -n storage" in notes
+    assert "migration.featureGates.CSIMigrationAWS=false" in rollback
+    assert "recorded in-tree original" in rollback
+    # Nothing may promise the retired driver-side gates or node drains.
+    assert "drain" not in notes and "driver containers run with" not in notes
 
 
 AWS_GATES = "CSIMigration=true,CSIMigrationAWS=true,InTreePluginAWSUnregister=false"
@@ -62,6 +66,8 @@ def test_notes_show_the_gates_in_force(set_id: str, gates: list[str], tmp_path: 
     notes = render_notes(VALUE_SETS[set_id], tmp_path)
     assert re.findall(r"--feature-gates=(\S+)", notes) == gates
     assert "this release registers" not in notes
+    if gates:
+        assert "deploy/rel-ballast-csi-migration" in notes and "2 replicas" in notes
 
 
 def test_notes_warn_when_migrating_to_a_driver_kubernetes_does_not_target(tmp_path: Path) -> None:

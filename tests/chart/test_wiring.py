@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from tests.chart.render import (
-    VALUE_SET_IDS,
     Obj,
     containers,
     flag_values,
@@ -111,32 +110,14 @@ def test_driver_modes(set_id: str) -> None:
     ]
 
 
-@pytest.mark.parametrize("set_id", VALUE_SET_IDS)
-def test_migration_gates_reach_the_driver_only_when_enabled(set_id: str) -> None:
+def test_no_migration_gate_reaches_the_driver_or_a_sidecar(set_id: str) -> None:
+    """The gates are the migration controller's (test_migration); the driver has no --feature-gates and
+    the sidecars refuse gates they do not know."""
     objects = render(set_id)
-    migration = values_of(set_id)["migration"]
-    expected = (
-        [",".join(f"{k}={str(v).lower()}" for k, v in sorted(migration["featureGates"].items()))]
-        if migration["enabled"]
-        else []
-    )
     for workload in (only(objects, "Deployment"), only(objects, "DaemonSet")):
         for name, container in containers(workload).items():
             args = resolved_args(container)
-            if name == "ballast-plugin":
-                assert flag_values(args, "--feature-gates") == expected
-            # Sidecars reject gates they do not know: no migration gate may reach them.
-            assert not any(
-                "CSIMigration" in a or "InTreePlugin" in a for a in args if name != "ballast-plugin"
-            ), name
-
-
-def test_migration_set_turns_gates_on_and_defaults_keep_them_off() -> None:
-    assert values_of("defaults")["migration"]["enabled"] is False
-    controller = containers(only(render("migration"), "Deployment"))["ballast-plugin"]
-    assert flag_values(resolved_args(controller), "--feature-gates") == [
-        "CSIMigration=true,CSIMigrationAWS=true,InTreePluginAWSUnregister=false"
-    ]
+            assert not any("CSIMigration" in a or "InTreePlugin" in a for a in args), name
 
 
 def test_controller_sidecars_elect_a_leader(set_id: str) -> None:

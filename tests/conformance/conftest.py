@@ -76,9 +76,10 @@ def run_sanity(
     skip: Sequence[str] = (),
     flags: Sequence[str] = (),
     timeout: float = 900,
+    known_skips: bool = True,
 ) -> SanityResult:
-    """Run csi-sanity against `driver`; `focus`/`skip` are ginkgo regexes (SKIPPED_SPECS always
-    applies), `flags` extra `-csi.*` options. Staging and mount dirs live under `workdir`."""
+    """Run csi-sanity against `driver`; `focus`/`skip` are ginkgo regexes (SKIPPED_SPECS applies unless
+    `known_skips` is False), `flags` extra `-csi.*` options. Staging and mount dirs live under `workdir`."""
     sanity = require_tool("csi-sanity")
     junit = workdir / "sanity-junit.xml"
     argv = [
@@ -89,7 +90,7 @@ def run_sanity(
         f"-ginkgo.junit-report={junit}",
         "-ginkgo.no-color",
         *[f"-ginkgo.focus={f}" for f in focus],
-        *[f"-ginkgo.skip={s}" for s in (*skip, *SKIPPED_SPECS)],
+        *[f"-ginkgo.skip={s}" for s in (*skip, *(SKIPPED_SPECS if known_skips else ()))],
         *flags,
     ]
     proc = subprocess.run(argv, capture_output=True, timeout=timeout, check=False, cwd=workdir)

@@ -842,3 +842,26 @@ def test_script_plan_exit_codes(tmp_path: Path) -> None:
 
 def test_cli_module_exposes_exit_codes() -> None:
     assert (cli.EXIT_OK, cli.EXIT_BLOCKED, cli.EXIT_USAGE) == (0, 1, 2)
+
+
+# ---------------------------------------------------------------- -f / --filename (like kubectl)
+
+
+@pytest.mark.parametrize("flag", ["-f", "--filename"])
+def test_translate_and_plan_take_filename_flags(flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(["translate", flag, str(PVS), flag, str(SCS), "-o", "json"], capsys)
+    assert (code, err) == (0, "")
+    names = [d["metadata"]["name"] for d in json_stream(out)]
+    assert names[0] == "pv-aws" and "sc-aws" in names, "both files, in order"
+    code, report = plan_json([flag, str(PVS), "--csi-driver", "ebs.csi.aws.com"], capsys)
+    assert code == 1  # drivers other than EBS are not installed
+    assert {i["name"] for i in report["items"]} >= {"pv-aws", "pv-gce"}
+
+
+def test_filename_and_paths_combine_and_kubeconfig_still_excludes_them(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, _ = run(["translate", str(PVS), "-f", str(SCS), "-o", "json"], capsys)
+    assert code == 0 and len(json_stream(out)) > len(list(yaml.safe_load_all(PVS.read_text())))
+    code, _, err = run(["plan", "-f", str(PVS), "--kubeconfig", "kc"], capsys)
+    assert code == 2 and "not both" in err

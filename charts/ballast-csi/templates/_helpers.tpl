@@ -53,6 +53,10 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- default (printf "%s-controller" (include "ballast.fullname" .)) .Values.controller.serviceAccount.name -}}
 {{- end -}}
 
+{{- define "ballast.migrationServiceAccount" -}}
+{{- default (printf "%s-migration" (include "ballast.fullname" .)) .Values.migration.serviceAccount.name -}}
+{{- end -}}
+
 {{- define "ballast.nodeServiceAccount" -}}
 {{- default (printf "%s-node" (include "ballast.fullname" .)) .Values.node.serviceAccount.name -}}
 {{- end -}}
@@ -73,7 +77,7 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- end -}}
 {{- end -}}
 
-{{/* The single --feature-gates value ("A=true,B=false", sorted) given to the driver when migration is on. */}}
+{{/* The migration controller's --feature-gates value ("A=true,B=false", sorted). */}}
 {{- define "ballast.migrationGates" -}}
 {{- $gates := list -}}
 {{- range $name, $on := .Values.migration.featureGates -}}
@@ -82,7 +86,7 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- join "," $gates -}}
 {{- end -}}
 
-{{/* Driver arguments common to both modes (backend, names, logging, gates). */}}
+{{/* Driver arguments common to both modes (backend, names, logging). */}}
 {{- define "ballast.driverCommonArgs" -}}
 - --endpoint=$(CSI_ENDPOINT)
 - --backend={{ .Values.backend.name }}
@@ -113,9 +117,6 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- with .Values.backend.aws.describeBatchWindow }}
 - --aws-describe-batch-window={{ . }}
 {{- end }}
-{{- end }}
-{{- if and .Values.migration.enabled .Values.migration.featureGates }}
-- --feature-gates={{ include "ballast.migrationGates" . }}
 {{- end }}
 {{- end -}}
 

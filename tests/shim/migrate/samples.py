@@ -1,0 +1,48 @@
+"""Sample in-tree PVs (pvs.yaml, one per plugin) for the migration unit and e2e tests."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+PVS_FILE = Path(__file__).with_name("pvs.yaml")
+Obj = dict[str, Any]
+
+# plugin short name (the PV's name in pvs.yaml) -> (in-tree source key, in-tree plugin, CSI driver)
+PLUGINS: dict[str, tuple[str, str, str]] = {
+    "aws-ebs": ("awsElasticBlockStore", "kubernetes.io/aws-ebs", "ebs.csi.aws.com"),
+    "gce-pd": ("gcePersistentDisk", "kubernetes.io/gce-pd", "pd.csi.storage.gke.io"),
+    "azure-disk": ("azureDisk", "kubernetes.io/azure-disk", "disk.csi.azure.com"),
+    "azure-file": ("azureFile", "kubernetes.io/azure-file", "file.csi.azure.com"),
+    "cinder": ("cinder", "kubernetes.io/cinder", "cinder.csi.openstack.org"),
+    "vsphere-volume": ("vsphereVolume", "kubernetes.io/vsphere-volume", "csi.vsphere.vmware.com"),
+    "portworx": ("portworxVolume", "kubernetes.io/portworx-volume", "pxd.portworx.com"),
+}
+
+
+def sample_pvs() -> dict[str, Obj]:
+    """Every sample PV by plugin short name (fresh copies)."""
+    docs = [d for d in yaml.safe_load_all(PVS_FILE.read_text()) if d]
+    found = {d["metadata"]["name"]: d for d in docs}
+    assert sorted(found) == sorted(PLUGINS), f"{PVS_FILE} must hold one PV per plugin"
+    return copy.deepcopy(found)
+
+
+def sample_pv(plugin: str, name: str | None = None, claim: tuple[str, str, str] | None = None) -> Obj:
+    """The sample PV of `plugin`, renamed, optionally pre-bound to claim (namespace, name, uid)."""
+    pv = sample_pvs()[plugin]
+    if name is not None:
+        pv["metadata"]["name"] = name
+    if claim is not None:
+        namespace, claim_name, uid = claim
+        ref = {
+            "kind": "PersistentVolumeClaim",
+            "apiVersion": "v1",
+            "namespace": namespace,
+            "name": claim_name,
+        }
+        pv["spec"]["claimRef"] = {**ref, **({"uid": uid} if uid else {})}
+    return pv
