@@ -248,16 +248,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--quick", action="store_true", help="50 operations, 500 volumes to page 100 a page")
+    parser.add_argument(
+        "--quick", action="store_true", help="40 operations at 8 and 64, 300 volumes to page 50 a page"
+    )
     parser.add_argument("--ops", type=int, default=1000, help="operations at the highest concurrency")
     parser.add_argument("--ops-other", type=int, default=200, help="operations at the other levels")
     parser.add_argument("--concurrency", default="8,32,64")
     parser.add_argument("--paging-volumes", type=int, default=2000)
     parser.add_argument("--page", type=int, default=200, help="ListVolumes max_entries")
     args = parser.parse_args()
-    ops, other = (50, 50) if args.quick else (args.ops, args.ops_other)
-    volumes, page = (500, 100) if args.quick else (args.paging_volumes, args.page)
-    levels = sorted(int(c) for c in args.concurrency.split(","))
+    ops, other = (40, 40) if args.quick else (args.ops, args.ops_other)
+    volumes, page = (300, 50) if args.quick else (args.paging_volumes, args.page)
+    levels = [8, 64] if args.quick else sorted(int(c) for c in args.concurrency.split(","))
     top = levels[-1]
     load_before = load_average()
     figures: dict[str, Any] = {
