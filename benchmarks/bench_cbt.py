@@ -25,15 +25,13 @@ import statistics
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import grpc
 
 from benchmarks.bench_controller import wait_ready
-from benchmarks.common import driver_log, start_driver, stop_driver, write_result
+from benchmarks.common import driver_log, filesystem, start_driver, stop_driver, write_result
 from csi._proto import csi_pb2, csi_pb2_grpc
 
 GiB, MiB = 1024**3, 1024**2
@@ -44,27 +42,6 @@ PATHS = {"reflink": ("xfs", ["-m", "reflink=1"]), "fallback": ("ext4", ["-E", "n
 
 def _run(*argv: str) -> str:
     return subprocess.run(argv, check=True, capture_output=True, text=True).stdout.strip()
-
-
-@contextmanager
-def filesystem(work: Path, fs_type: str, options: list[str], size: int) -> Iterator[Path]:
-    """A fresh filesystem on a direct-I/O loop device over a sparse image; removed afterwards."""
-    image, mnt = work / f"{fs_type}.img", work / "mnt"
-    mnt.mkdir()
-    with open(image, "wb") as f:
-        f.truncate(size)
-    _run(f"mkfs.{fs_type}", "-q", *options, str(image))
-    device = _run("losetup", "--find", "--show", "--direct-io=on", str(image))
-    try:
-        _run("mount", device, str(mnt))
-        try:
-            yield mnt
-        finally:
-            subprocess.run(["umount", str(mnt)], check=False)
-    finally:
-        subprocess.run(["losetup", "-d", device], check=False)
-        image.unlink()
-        mnt.rmdir()
 
 
 def _fill(path: Path, size: int, rng: random.Random) -> None:

@@ -10,9 +10,10 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 RESULTS = Path(__file__).resolve().parent / "results"
 REPO = Path(__file__).resolve().parent.parent
@@ -94,12 +95,89 @@ def summary_ms(samples: Sequence[float]) -> dict[str, float]:
     }
 
 
-def write_result(name: str, figures: dict[str, Any]) -> Path:
+def _quiet_run(*argv: str) -> str:
+    return subprocess.run(argv, check=True, capture_output=True, text=True).stdout.strip()
+
+
+@contextmanager
+def filesystem(work: Path, fs_type: str, options: list[str], size: int) -> Iterator[Path]:
+    """A fresh filesystem on a direct-I/O loop device over a sparse image; removed afterwards."""
+    image, mnt = work / f"{fs_type}.img", work / "mnt"
+    mnt.mkdir()
+    with open(image, "wb") as f:
+        f.truncate(size)
+    _quiet_run(f"mkfs.{fs_type}", "-q", *options, str(image))
+    device = _quiet_run("losetup", "--find", "--show", "--direct-io=on", str(image))
+    try:
+        _quiet_run("mount", device, str(mnt))
+        try:
+            yield mnt
+        finally:
+            subprocess.run(["umount", str(mnt)], check=False)
+    finally:
+        subprocess.run(["losetup", "-d", device], check=False)
+        image.unlink()
+        mnt.rmdir()
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) the threads of process `pid` have used, from the scheduler's per-thread
+    nanosecond counters (/proc/<pid>/task/*/schedstat), so short runs still resolve tenths of a
+    millisecond. Threads that ended are not counted: the servers measured keep their thread pools."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[0])
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return total / 1e9
+
+
+def load_average() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+class Progress:
+    """A one-line progress bar on stderr for long benchmarks: `step()` after each unit of work."""
+
+    def __init__(self, total: int, label: str, stream: TextIO | None = None) -> None:
+        self.total, self.label, self.done = max(total, 1), label, 0
+        self._stream = stream or sys.stderr
+        self._start = time.monotonic()
+        self._draw()
+
+    def step(self, n: int = 1, note: str = "") -> None:
+        self.done = min(self.total, self.done + n)
+        self._draw(note)
+        if self.done == self.total:
+            self._stream.write("\n")
+            self._stream.flush()
+
+    def _draw(self, note: str = "") -> None:
+        width = 30
+        filled = width * self.done // self.total
+        elapsed = time.monotonic() - self._start
+        bar = "#" * filled + "." * (width - filled)
+        self._stream.write(f"\r{self.label:<28} [{bar}] {self.done}/{self.total} {elapsed:5.0f}s {note:<24}")
+        self._stream.flush()
+
+
+def write_result(name: str, figures: dict[str, Any], load_before: list[float] | None = None) -> Path:
+    """benchmarks/results/<name>.json: the figures with when, where, the command that made them and the
+    load average before (if given) and after the run."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     doc = {
         "benchmark": name,
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "host": {"python": platform.python_version(), "cpus": os.cpu_count(), "machine": platform.machine()},
+        "command": " ".join(["python -m", f"benchmarks.{Path(sys.argv[0]).stem}", *sys.argv[1:]]),
+        "host": {
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "machine": platform.machine(),
+            "kernel": platform.release(),
+            "load_before": load_before,
+            "load_after": load_average(),
+        },
         "figures": figures,
     }
     path = RESULTS / f"{name}.json"

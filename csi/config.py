@@ -51,6 +51,7 @@ class BackendConfig(NamedTuple):
     capacity_bytes: int = 0  # 0: no limit beyond the data-dir filesystem
     aws_region: str = ""
     aws_endpoint_url: str = ""
+    aws_describe_batch_window: float = 0.0  # seconds; 0: every Describe lookup is its own call
 
 
 class NodeConfig(NamedTuple):
@@ -94,16 +95,8 @@ class _VersionAction(argparse.Action):
 
 def _size(text: str) -> int:
     """Bytes from '10Gi', '512Mi', '1G', '1000'."""
-    units = {
-        "Ki": 1024,
-        "Mi": 1024**2,
-        "Gi": 1024**3,
-        "Ti": 1024**4,
-        "K": 10**3,
-        "M": 10**6,
-        "G": 10**9,
-        "T": 10**12,
-    }
+    units = {"Ki": 1024, "Mi": 1024**2, "Gi": 1024**3, "Ti": 1024**4}
+    units.update({"K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12})
     text = text.strip()
     for suffix in sorted(units, key=len, reverse=True):
         if text.endswith(suffix):
@@ -243,6 +236,10 @@ def _backend_flags(be: argparse._ArgumentGroup) -> None:
         help="local backend: upper bound on provisioned bytes, e.g. 100Gi; 0 = free space of "
         "the data dir [BALLAST_CAPACITY]",
     )
+    _aws_flags(be)
+
+
+def _aws_flags(be: argparse._ArgumentGroup) -> None:
     be.add_argument(
         "--aws-region",
         default=_env("AWS_REGION", ""),
@@ -253,6 +250,20 @@ def _backend_flags(be: argparse._ArgumentGroup) -> None:
         default=_env("AWS_ENDPOINT_URL_EC2", ""),
         help="aws backend: EC2 endpoint override (tests, private endpoints) [AWS_ENDPOINT_URL_EC2]",
     )
+    be.add_argument(
+        "--aws-describe-batch-window",
+        type=_batch_window,
+        default=_env("BALLAST_AWS_DESCRIBE_BATCH_WINDOW", "0"),
+        help="aws backend: seconds (0 to 0.5) concurrent Describe lookups of volumes and instances wait to "
+        "share one EC2 call; 0 = off [BALLAST_AWS_DESCRIBE_BATCH_WINDOW] (default: 0)",
+    )
+
+
+def _batch_window(text: str) -> float:
+    value = float(text) if text.replace(".", "", 1).isdigit() else -1.0
+    if not 0 <= value <= 0.5:
+        raise argparse.ArgumentTypeError(f"must be seconds from 0 to 0.5, got {text!r}")
+    return value
 
 
 def _block_size(text: str) -> int:
@@ -349,6 +360,7 @@ def from_namespace(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> C
             capacity_bytes=ns.capacity,
             aws_region=ns.aws_region,
             aws_endpoint_url=ns.aws_endpoint_url,
+            aws_describe_batch_window=ns.aws_describe_batch_window,
         ),
         node=NodeConfig(
             node_id=ns.node_id or socket.gethostname(),

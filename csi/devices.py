@@ -47,6 +47,8 @@ def is_block_device(path: str) -> bool:
 
 def belongs(numbers: DeviceNumbers, device: str) -> bool:
     """True when device numbers `numbers` are `device` or one of its partitions."""
+    if numbers[0] == 0:  # an unnamed device (tmpfs, proc, overlay...): no block device, no partition
+        return False
     try:
         if numbers == rdev(device):
             return True

@@ -240,10 +240,11 @@ class Mounter:
         with open(self.mountinfo_path, encoding="utf-8", errors="surrogateescape") as fh:
             return parse_mountinfo(fh.read())
 
-    def mount_at(self, path: str) -> MountInfo | None:
-        """The top-most mount whose mount point is exactly `path`, or None."""
+    def mount_at(self, path: str, table: Sequence[MountInfo] | None = None) -> MountInfo | None:
+        """The top-most mount whose mount point is exactly `path`, or None; in `table` when given (a
+        mount table just read), else in the current one."""
         found = None
-        for entry in self.mounts():
+        for entry in self.mounts() if table is None else table:
             if entry.mount_point == path:
                 found = entry
         return found

@@ -32,7 +32,7 @@ from csi.failures import (
     OutOfRangeError,
 )
 from csi.filesystems import EXT_TYPES, FS_TYPES
-from csi.mount import Mounter, MountInfo, OnlineGrowthDenied
+from csi.mount import Mounter, MountInfo, OnlineGrowthDenied, Probe
 from csi.publishing import Publication, Publisher, Source
 from shim import failpoints
 
@@ -160,22 +160,26 @@ class Stager:
             return
         try:
             with os_failures():
-                self.stage_filesystem(device, staging, fs)
+                blank = partition == 0 and self._backend.never_written(volume_id)
+                self.stage_filesystem(device, staging, fs, blank)
         except BaseException:
             self._release_if_unused(volume_id, device)
             raise
 
-    def stage_filesystem(self, device: str, staging: str, fs: Filesystem) -> None:
-        """Mount the filesystem of `device` at `staging`, formatting a blank device first."""
-        current = self._mounter.mount_at(staging)
+    def stage_filesystem(
+        self, device: str, staging: str, fs: Filesystem, never_written: bool = False
+    ) -> None:
+        """Mount the filesystem of `device` at `staging`, formatting a blank device first.
+        `never_written`: the backend proved no byte of the device was ever written (Backend.never_written),
+        so it is blank without probing it."""
+        table = self._mounter.mounts()  # read once: both checks below see the same table
+        current = self._mounter.mount_at(staging, table)
         if current is not None:
             _check_staged(current, device, staging, fs)
             return
         if os.path.lexists(staging) and not os.path.isdir(staging):
             raise FailedPreconditionError(f"staging_target_path {staging} exists and is not a directory")
-        elsewhere = [
-            m.mount_point for m in self._mounter.mounts() if devices.belongs((m.major, m.minor), device)
-        ]
+        elsewhere = [m.mount_point for m in table if devices.belongs((m.major, m.minor), device)]
         if elsewhere:  # fsck or mkfs of a mounted device would fail with a misleading message
             raise FailedPreconditionError(
                 f"{device} is already mounted at {elsewhere[0]}; a volume is staged at one path per node, "
@@ -183,7 +187,7 @@ class Stager:
             )
         os.makedirs(staging, exist_ok=True)
         with self._format_slots:
-            fs_type, grow = self._prepare(device, staging, fs)
+            fs_type, grow = self._prepare(device, staging, fs, never_written)
         mount_flags = [*fs.flags, "ro"] if fs.readonly and "ro" not in fs.flags else list(fs.flags)
         if fs_type == "xfs" and "nouuid" not in mount_flags:
             mount_flags.append("nouuid")  # a restored snapshot or clone shares its source's UUID
@@ -192,10 +196,11 @@ class Stager:
         if grow:  # xfs grows only while mounted
             self._mounter.grow(device, staging, fs_type)
 
-    def _prepare(self, device: str, staging: str, fs: Filesystem) -> tuple[str, bool]:
+    def _prepare(self, device: str, staging: str, fs: Filesystem, never_written: bool) -> tuple[str, bool]:
         """Format a blank device, or check (and, ext*, grow) the filesystem it holds. Returns the
-        filesystem type to mount and whether it still has to grow once mounted (xfs)."""
-        probe = self._mounter.probe(device)
+        filesystem type to mount and whether it still has to grow once mounted (xfs). A device never
+        written is blank; any other is probed (blkid), and formatted only when that finds nothing."""
+        probe = Probe() if never_written else self._mounter.probe(device)
         if probe.blank:
             if fs.readonly:
                 raise FailedPreconditionError(f"{device} has no filesystem and cannot be formatted read-only")

@@ -116,6 +116,7 @@ class FakeBackend(base.Backend):
         self.ready = True
         self.closed = False
         self.volumes: dict[str, Disk] = {}
+        self.untouched: set[str] = set()  # volumes never_written() vouches for
         self.options: dict[str, DiskOptions] = {}
         self.snapshots: dict[str, Snapshot] = {}
         self.groups: dict[str, GroupSnapshot] = {}
@@ -442,6 +443,10 @@ class FakeBackend(base.Backend):
         self._enter("prepared_device", volume_id)
         self._volume(volume_id)
         return self.on_node.get(volume_id)
+
+    def never_written(self, volume_id: str) -> bool:
+        self._enter("never_written", volume_id)
+        return volume_id in self.untouched
 
     def release_device(self, volume_id: str) -> None:
         self._enter("release_device", volume_id)

@@ -2,12 +2,16 @@
 // Usage: probeclient -endpoint unix:///path/csi.sock -calls 5000 -concurrency 1
 // Prints one JSON object: per-call latency percentiles (ms) and calls per second.
 //
-// probeclient -serve /path/floor.sock instead serves an Identity service whose Probe does nothing, from
-// grpc-go: the transport's floor on this machine, which the driver's figures are read against.
+// probeclient -serve /path/floor.sock instead serves, from grpc-go, an Identity service whose Probe does
+// nothing and a Controller service whose CreateVolume answers a Volume of the driver's shape (a
+// 35-character id, the capacity asked for, one topology segment) and whose DeleteVolume answers empty:
+// the transport's floor on this machine, which the driver's figures are read against.
 package main
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -35,6 +39,28 @@ func (emptyIdentity) Probe(context.Context, *csi.ProbeRequest) (*csi.ProbeRespon
 	return &csi.ProbeResponse{}, nil
 }
 
+type emptyController struct {
+	csi.UnimplementedControllerServer
+}
+
+func (emptyController) CreateVolume(_ context.Context, req *csi.CreateVolumeRequest) (*csi.CreateVolumeResponse, error) {
+	id := make([]byte, 16)
+	if _, err := rand.Read(id); err != nil {
+		return nil, err
+	}
+	return &csi.CreateVolumeResponse{Volume: &csi.Volume{
+		VolumeId:      "lv-" + hex.EncodeToString(id),
+		CapacityBytes: req.GetCapacityRange().GetRequiredBytes(),
+		AccessibleTopology: []*csi.Topology{
+			{Segments: map[string]string{"topology.local.csi.ballast.dev/zone": "local"}},
+		},
+	}}, nil
+}
+
+func (emptyController) DeleteVolume(context.Context, *csi.DeleteVolumeRequest) (*csi.DeleteVolumeResponse, error) {
+	return &csi.DeleteVolumeResponse{}, nil
+}
+
 func serve(path string) {
 	_ = os.Remove(path)
 	listener, err := net.Listen("unix", path)
@@ -44,6 +70,7 @@ func serve(path string) {
 	}
 	server := grpc.NewServer()
 	csi.RegisterIdentityServer(server, emptyIdentity{})
+	csi.RegisterControllerServer(server, emptyController{})
 	if err := server.Serve(listener); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)

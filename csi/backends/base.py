@@ -328,5 +328,12 @@ class Backend(Reporting, abc.ABC):
         except NotFoundError:
             return None
 
+    def never_written(self, volume_id: str) -> bool:
+        """True only when the backend can prove that no byte of the volume was ever written, so that no
+        filesystem or partition table can be on it and a stage may format it without probing the
+        device. False when it cannot tell (the default): the node then probes with blkid. Never True
+        for a volume that holds data; checked after resolve_device proved which device it is."""
+        return False
+
     def release_device(self, volume_id: str) -> None:
         """Undo node-side preparation done by resolve_device (e.g. detach a loop device). Idempotent."""

@@ -27,7 +27,11 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     "aws": {
         "backend": {
             "name": "aws",
-            "aws": {"region": "eu-west-1", "credentialsSecret": {"name": "aws-secret"}},
+            "aws": {
+                "region": "eu-west-1",
+                "credentialsSecret": {"name": "aws-secret"},
+                "describeBatchWindow": "0.1",
+            },
         },
         "controller": {
             "serviceAccount": {

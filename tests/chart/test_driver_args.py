@@ -25,6 +25,8 @@ def test_rendered_driver_args_parse(set_id: str, kind: str) -> None:
         assert config.node.allowed_path_prefixes == tuple(values["node"]["allowedPathPrefixes"])
     if values["backend"]["name"] == "local":
         assert config.backend.data_dir == values["backend"]["local"]["dataDir"]
+    window = values["backend"]["aws"]["describeBatchWindow"]
+    assert config.backend.aws_describe_batch_window == float(window or 0)
 
 
 def test_every_rendered_driver_flag_exists() -> None:

@@ -18,6 +18,7 @@ import re
 import subprocess
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -270,3 +271,106 @@ def test_acknowledged_work_survives_dropped_writes(flakey: Flakey, leak_check: P
         assert set(st.snapshot_rows) == {snap}
     finally:
         Mounter().unmount(str(fs))
+
+
+# ---------------------------------------------------------------------------- group commit under strace
+
+TIMED = re.compile(r"^(\d+)\s+(\d+\.\d+) (\w+)\(([-\w]+)<([^>]*)>(.*?)(?: <unfinished \.\.\.>)?$")
+RESUMED = re.compile(r"^(\d+)\s+(\d+\.\d+) <\.\.\. (\w+) resumed>.*<(\d+\.\d+)>$")
+DURATION = re.compile(r"<(\d+\.\d+)>$")
+QUOTED = re.compile(r'"((?:\\x[0-9a-f]{2})*)"')
+
+
+@dataclass(frozen=True)
+class Span:
+    """One system call with when it started and ended (strace -ttt -T), splitting across threads."""
+
+    start: float
+    end: float
+    name: str
+    path: str
+    data: bytes  # the bytes written (pwrite64, send*)
+
+
+def spans(trace: Path) -> list[Span]:
+    """Every traced call as a Span; an `<unfinished ...>` line is joined with its `resumed` line."""
+    out: list[Span] = []
+    open_calls: dict[tuple[str, str], tuple[float, str, bytes]] = {}
+    for line in trace.read_text(errors="replace").splitlines():
+        resumed = RESUMED.match(line)
+        if resumed:
+            started = open_calls.pop((resumed.group(1), resumed.group(3)), None)
+            if started is not None:
+                end = float(resumed.group(2))
+                out.append(Span(started[0], end, resumed.group(3), started[1], started[2]))
+            continue
+        m = TIMED.match(line)
+        if not m:
+            continue
+        start, name = float(m.group(2)), m.group(3)
+        path = _bytes(m.group(5)).decode(errors="replace")
+        if name == "openat":  # the descriptor is AT_FDCWD: the path is the quoted argument
+            quoted = QUOTED.search(m.group(6))
+            path = _bytes(quoted.group(1)).decode(errors="replace") if quoted else ""
+        data = _bytes(m.group(6)) if name.startswith(("send", "pwrite")) else b""
+        if line.endswith("<unfinished ...>"):
+            open_calls[(m.group(1), name)] = (start, path, data)
+            continue
+        took = DURATION.search(line)
+        out.append(Span(start, start + (float(took.group(1)) if took else 0.0), name, path, data))
+    return sorted(out, key=lambda s: s.start)
+
+
+def test_concurrent_creates_share_syncs_and_each_reply_waits_for_its_own_record(
+    leak_check: Path, root_tools: None
+) -> None:
+    """Group commit: creates arriving together share directory fsyncs and WAL syncs, and still every
+    reply leaves only after its own file was synced, then a directory fsync that started after the file
+    was made, then a WAL sync that started after the WAL write holding its record."""
+    strace = require_tool("strace")
+    trace = leak_check / "trace"
+    wrapper = [
+        strace, "-f", "-qq", "-e", "signal=none", "-ttt", "-T", "-y", "-xx", "-s", "4096",
+        "-e", "trace=openat,fsync,fdatasync,pwrite64,sendmsg,sendto,write,writev", "-o", str(trace),
+    ]  # fmt: skip
+    driver = start_driver(leak_check, "--log-level", "warning", wrapper=wrapper)
+    clients = [connect(driver.endpoint) for _ in range(8)]
+    try:
+        t = Traced(driver, clients[0], trace, driver.data_dir)
+        with ThreadPoolExecutor(len(clients)) as pool:
+            ids = list(
+                pool.map(
+                    lambda i: _create(Traced(driver, clients[i % 8], trace, t.data), f"group-{i}"), range(32)
+                )
+            )
+        calls = []
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            calls = spans(trace)
+            sent = b"".join(c.data for c in calls if c.name.startswith("send"))
+            if all(v.encode() in sent for v in ids):
+                break
+            time.sleep(0.1)
+    finally:
+        for client in clients:
+            client.close()
+        kill_group(driver)
+    volumes, wal = str(t.data / "volumes"), str(t.data / "state.db-wal")
+    dir_syncs = [c for c in calls if c.name in SYNCS and c.path == volumes]
+    wal_syncs = [c for c in calls if c.name in SYNCS and c.path == wal]
+    for vid in ids:
+        image = f"{volumes}/{vid}.img"
+        made = next(c for c in calls if c.name == "openat" and c.path == image)
+        synced = next(c for c in calls if c.name in SYNCS and c.path == image)
+        record = next(c for c in calls if c.name == "pwrite64" and c.path == wal and vid.encode() in c.data)
+        reply = next(c for c in calls if c.name.startswith("send") and vid.encode() in c.data)
+        directory = next((d for d in dir_syncs if d.start >= made.end and d.end <= record.start), None)
+        assert synced.end <= record.start, f"{vid}: its record was written before its file was synced"
+        assert directory is not None, f"{vid}: no directory fsync between its file and its record"
+        covering = next((w for w in wal_syncs if w.start >= record.end), None)
+        assert covering is not None and covering.end <= reply.start, (
+            f"{vid}: the reply left before a WAL sync that started after its record finished"
+        )
+    assert len(wal_syncs) < len(ids), "every create synced alone: nothing was group-committed"
+    assert len(dir_syncs) < len(ids), "every create synced the directory alone"
+    assert_consistent(t.data)

@@ -569,3 +569,18 @@ def test_ebs_standin_refuses_what_ebs_refuses(
 def test_local_backend_under_its_own_name_still_takes_no_parameters(be: LocalBackend) -> None:
     with pytest.raises(failures.InvalidParameterError, match="unknown parameter"):
         be.validate_parameters({"type": "gp2"})
+
+
+def test_never_written_vouches_only_for_a_file_without_any_data(be: LocalBackend) -> None:
+    """Stage skips blkid on its word, so it must be False as soon as one byte anywhere was written."""
+    blank = be.create_volume("untouched", DiskOptions(size_bytes=64 * MiB))
+    written = be.create_volume("written", DiskOptions(size_bytes=64 * MiB))
+    with open(be.volume_path(written.id), "r+b") as fh:
+        fh.seek(40 * MiB)
+        fh.write(b"\x01")  # far from the start, where no probe of the first blocks would look
+    assert be.never_written(blank.id) is True
+    assert be.never_written(written.id) is False
+    clone = be.create_volume(
+        "clone", DiskOptions(size_bytes=64 * MiB, source=ContentSource(SourceKind.VOLUME, written.id))
+    )
+    assert be.never_written(clone.id) is False

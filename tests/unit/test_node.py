@@ -378,3 +378,35 @@ def test_staged_count_reads_the_mount_table(env: Env) -> None:
     assert env.node.staged_count() == 2, (
         "one per device under the roots; publishes and foreign mounts not counted"
     )
+
+
+@pytest.mark.parametrize(
+    ("never_written", "partition", "expected_programs"),
+    [
+        pytest.param(True, 0, ["mkfs.ext4", "mount"], id="never-written-is-formatted-unprobed"),
+        pytest.param(False, 0, ["blkid", "mkfs.ext4", "mount"], id="unknown-is-probed-first"),
+        pytest.param(True, 1, ["blkid", "mkfs.ext4", "mount"], id="a-partition-is-always-probed"),
+    ],
+)
+def test_only_a_volume_the_backend_proves_never_written_skips_the_probe(
+    env: Env,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    never_written: bool,
+    partition: int,
+    expected_programs: list[str],
+) -> None:
+    """Format only if blank: blkid may be skipped only when the backend proves no byte of the whole
+    volume was written (Backend.never_written); a partition, or a volume it cannot vouch for, is probed."""
+    from csi import devices
+
+    device = _device(tmp_path)
+    Path(devices.partition_path(device, 1)).write_bytes(b"")
+    env.backend.devices[env.volume_id] = device
+    if never_written:
+        env.backend.untouched.add(env.volume_id)
+    monkeypatch.setattr(devices, "rdev", lambda path: (7, 0))
+    env.runner.on("blkid", returncode=2)
+    staging = str(env.kubelet / "plugins" / "s" / "globalmount")
+    env.node.stager.stage(env.volume_id, {}, partition, staging, Filesystem("ext4", True, [], False, {}))
+    assert env.runner.programs() == expected_programs

@@ -114,6 +114,9 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- with .Values.backend.aws.endpointUrl }}
 - --aws-endpoint-url={{ . }}
 {{- end }}
+{{- with .Values.backend.aws.describeBatchWindow }}
+- --aws-describe-batch-window={{ . }}
+{{- end }}
 {{- end }}
 {{- end -}}
 

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from csi import keys
+from csi.backends.aws.batching import grouped
 from csi.backends.aws.devices import DeviceNames
 from csi.backends.aws.ec2 import Ec2
 from csi.backends.aws.metadata import attach_limit
@@ -119,13 +120,30 @@ class Attacher:
     def _instance(self, node_id: str) -> dict[str, Any]:
         if not node_id.startswith("i-"):
             raise NotFoundError(f"node {node_id!r} not found: not an EC2 instance id")
-        reservations = self._ec2.call("describe_instances", InstanceIds=[node_id]).get("Reservations", [])
-        for reservation in reservations:
-            for instance in reservation.get("Instances", []):
-                if instance.get("State", {}).get("Name") not in ("terminated", "shutting-down"):
-                    found: dict[str, Any] = instance
-                    return found
+        if self._ec2.batch_window > 0:
+            instances = self._ec2.lookup("instance-id", node_id, self._instances)
+        else:
+            reservations = self._ec2.call("describe_instances", InstanceIds=[node_id]).get("Reservations", [])
+            instances = [i for r in reservations for i in r.get("Instances", [])]
+        for instance in instances:
+            if instance.get("State", {}).get("Name") not in ("terminated", "shutting-down"):
+                return instance
         raise NotFoundError(f"node {node_id} not found (no running EC2 instance)")
+
+    def _instances(self, ids: list[str]) -> dict[str, list[dict[str, Any]]]:
+        """The instances of `ids` by id, through a filter (an unknown id is left out, not an error)."""
+        found: list[dict[str, Any]] = []
+        token = ""
+        while True:
+            page = self._ec2.call(
+                "describe_instances",
+                Filters=[{"Name": "instance-id", "Values": ids}],
+                **({"NextToken": token} if token else {}),
+            )
+            found.extend(i for r in page.get("Reservations", []) for i in r.get("Instances", []))
+            token = page.get("NextToken", "")
+            if not token:
+                return grouped(found, lambda i: str(i["InstanceId"]))
 
     def _mark_readonly(self, vid: str, node_id: str, readonly: bool) -> None:
         key = TAG_READONLY_PREFIX + node_id

@@ -26,6 +26,7 @@ from csi.backends.aws.coalesce import Coalescer, Modification
 from csi.backends.aws.devices import DeviceFinder
 from csi.backends.aws.ec2 import PAGE_SIZE, Backoff, Ec2
 from csi.backends.aws.health import EbsHealth
+from csi.backends.aws.listing import Listings
 from csi.backends.aws.metadata import Imds, Placement, free_attach_slots, resolve_placement
 from csi.backends.aws.snapshots import EbsSnapshots
 from csi.backends.aws.volumes import LIVE_VOLUME_STATES, VolumeCreator
@@ -40,7 +41,6 @@ from csi.backends.base import (
     NodeIdentity,
     Page,
     Snapshot,
-    seek_page,
 )
 from csi.failures import DriverError, FailedPreconditionError, NotFoundError
 from csi.health import Issue, VolumeHealth
@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from csi.config import Config
 
 DEFAULT_DRIVER_NAME = "ebs.csi.aws.com"
+
 # Volumes ListVolumes reports: made by this driver or by the in-tree plugin (its PV tag).
 LISTED_TAG_KEYS = [P.TAG_VOLUME_NAME, P.TAG_CREATED_FOR + "pv/name"]
 
@@ -104,8 +105,9 @@ class AwsBackend(Backend):
         wait_timeout: float = 300.0,
         sleep: Callable[[float], None] = time.sleep,
         page_size: int = PAGE_SIZE,
+        describe_batch_window: float = 0.0,
     ) -> None:
-        self.ec2 = Ec2(client, backoff, sleep, wait_timeout, page_size)
+        self.ec2 = Ec2(client, backoff, sleep, wait_timeout, page_size, describe_batch_window)
         self.zone_key = keys.topology_zone_key(driver_name)
         self._zone = "" if zone == "local" else zone
         self._node_id = node_id
@@ -122,6 +124,7 @@ class AwsBackend(Backend):
         self._blocks = EbsBlocks(self.ec2, self.ebs) if self.ebs is not None else None
         self._modifier: Coalescer[Disk] = Coalescer(self._apply_modification, modify_window, sleep)
         self._placement: Placement | None = None
+        self._listings = Listings(self._listed)
         self.capabilities = capabilities(self.zone_key, max_volumes, self._blocks is not None)
 
     @classmethod
@@ -169,6 +172,7 @@ class AwsBackend(Backend):
             max_volumes=config.node.max_volumes_per_node,
             imds=imds,
             controller=config.runs_controller,
+            describe_batch_window=config.backend.aws_describe_batch_window,
         )
 
     # ------------------------------------------------------------------ lifecycle
@@ -216,8 +220,9 @@ class AwsBackend(Backend):
         return self._disk(self.ec2.describe_volume(P.volume_id(volume_id)))
 
     def list_volumes(self, max_entries: int = 0, starting_token: str = "") -> Page[Disk]:
-        """Volumes made by this driver or the in-tree plugin, with the nodes they are attached to."""
-        page = seek_page(self._listed(), lambda v: str(v["VolumeId"]), max_entries, starting_token)
+        """Volumes made by this driver or the in-tree plugin, with the nodes they are attached to; the
+        pages of one listing come from one snapshot of them (listing.py)."""
+        page = self._listings.page(max_entries, starting_token)
         return Page(items=[self._disk(v) for v in page.items], next_token=page.next_token)
 
     def _listed(self) -> list[dict[str, Any]]:

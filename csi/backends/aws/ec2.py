@@ -27,6 +27,7 @@ from botocore.exceptions import (
 from botocore.parsers import ResponseParserError
 
 from csi import failures
+from csi.backends.aws.batching import Batcher, Records, grouped
 from csi.backends.aws.errors import RETRIED_CODES, UnsupportedActionError, error_code, translate
 
 log = logging.getLogger("ballast.aws")
@@ -59,8 +60,11 @@ class Ec2:
         sleep: Callable[[float], None] = time.sleep,
         wait_timeout: float = 300.0,
         page_size: int = PAGE_SIZE,
+        batch_window: float = 0.0,
     ) -> None:
         self.client = client
+        self.batch_window = batch_window  # > 0: Describe lookups are batched (batching.py)
+        self.batchers: dict[str, Batcher] = {}
         self.backoff = backoff or Backoff()
         self.wait_timeout = wait_timeout
         self.page_size = page_size
@@ -121,9 +125,30 @@ class Ec2:
             if not token:
                 return items
 
+    def lookup(self, kind: str, key: str, fetch: Callable[[list[str]], dict[str, Records]]) -> Records:
+        """The records `fetch` answers for `key`: at once, or with batching on, in one call of `fetch`
+        with the keys of the concurrent lookups of the same `kind` (batching.py)."""
+        if self.batch_window <= 0:
+            return fetch([key]).get(key, [])
+        with self._lock:
+            batcher = self.batchers.get(kind)
+            if batcher is None:
+                batcher = self.batchers[kind] = Batcher(fetch, self.batch_window)
+        return batcher.get(key)
+
+    def _volumes_by_id(self, ids: list[str]) -> dict[str, Records]:
+        """A filter, not VolumeIds: an unknown id is left out instead of failing the whole call."""
+        found = self.describe_all(
+            "describe_volumes", "Volumes", Filters=[{"Name": "volume-id", "Values": ids}]
+        )
+        return grouped(found, lambda v: str(v["VolumeId"]))
+
     def describe_volume(self, vid: str) -> dict[str, Any]:
         """The EC2 record of one volume; missing or being deleted -> NotFoundError."""
-        volumes = self.call("describe_volumes", VolumeIds=[vid]).get("Volumes", [])
+        if self.batch_window > 0:
+            volumes = self.lookup("volume-id", vid, self._volumes_by_id)
+        else:
+            volumes = self.call("describe_volumes", VolumeIds=[vid]).get("Volumes", [])
         if not volumes or volumes[0].get("State") in ("deleting", "deleted"):
             raise failures.NotFoundError(f"volume {vid} not found")
         volume: dict[str, Any] = volumes[0]

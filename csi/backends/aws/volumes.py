@@ -16,6 +16,7 @@ from typing import Any
 
 from csi.backends.aws import params as P
 from csi.backends.aws import records
+from csi.backends.aws.batching import grouped
 from csi.backends.aws.ec2 import Ec2
 from csi.backends.aws.errors import UnsupportedActionError
 from csi.backends.aws.records import TAG_CONTEXT_PREFIX, TAG_SOURCE_VOLUME, tag_spec
@@ -77,15 +78,20 @@ class VolumeCreator:
     def _disk(self, volume: Mapping[str, Any]) -> Disk:
         return records.to_disk(volume, self._zone_key)
 
-    def _find_by_name(self, name: str) -> dict[str, Any] | None:
+    def _named(self, names: list[str]) -> dict[str, list[dict[str, Any]]]:
+        """Live volumes tagged with any of `names`, by name (one call for many: ec2.Ec2.lookup)."""
         volumes = self._ec2.describe_all(
             "describe_volumes",
             "Volumes",
             Filters=[
-                {"Name": f"tag:{P.TAG_VOLUME_NAME}", "Values": [name]},
+                {"Name": f"tag:{P.TAG_VOLUME_NAME}", "Values": names},
                 {"Name": "status", "Values": LIVE_VOLUME_STATES},
             ],
         )
+        return grouped(volumes, lambda v: records.tags(v).get(P.TAG_VOLUME_NAME))
+
+    def _find_by_name(self, name: str) -> dict[str, Any] | None:
+        volumes = self._ec2.lookup("volume-name", name, self._named)
         if not volumes:
             return None
         return min(volumes, key=lambda v: (v.get("CreateTime") or 0, v["VolumeId"]))

@@ -238,8 +238,10 @@ class LocalBackend(LocalReporting, SnapshotOperations, Backend):
         path = self.volume_path(volume_id)
         written, recorded = contents.CREATE_FAILPOINTS[options.source.kind if options.source else None]
         # the file first: reconcile removes it if no record follows
-        contents.write_volume_file(self.layout, self.store, self._locks, path, options)
-        failpoints.hit(written)
+        first = contents.file_first(self.layout, path, options, lambda: failpoints.hit(written))
+        if first is None:  # a copy: written (and synced) here, outside the shared batch
+            contents.write_volume_file(self.layout, self.store, self._locks, path, options)
+            failpoints.hit(written)
         try:
             row = self.store.insert_volume(
                 volume_id,
@@ -249,6 +251,7 @@ class LocalBackend(LocalReporting, SnapshotOperations, Backend):
                 dict(options.mutable_parameters),
                 time.time(),
                 capacity_limit=self.capacity_limit,
+                first=first,
             )
         except OutOfCapacityError:
             files.remove(path)
@@ -262,7 +265,7 @@ class LocalBackend(LocalReporting, SnapshotOperations, Backend):
                 ) from None
             return self._existing(winner, spec)
         failpoints.hit(recorded)
-        return self._disk(row)
+        return self._disk(row, attachments=())  # new: attached nowhere yet
 
     def delete_volume(self, volume_id: str) -> None:
         path = self.volume_path(volume_id)
@@ -364,6 +367,10 @@ class LocalBackend(LocalReporting, SnapshotOperations, Backend):
         """The loop device already bound over the volume's file, or None; binds nothing."""
         path = self.volume_path(volume_id)
         return self._devices.prepared(volume_id, path, self._row(volume_id).size)
+
+    def never_written(self, volume_id: str) -> bool:
+        """The backing file has no data extent at all (SEEK_DATA finds none): every byte reads zero."""
+        return files.has_no_data(self.volume_path(volume_id))
 
     def release_device(self, volume_id: str) -> None:
         self._devices.release(self.volume_path(volume_id))

@@ -5,8 +5,11 @@ caller commits the volume's record only after that (docs/recovery.md, "Power los
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from csi.backends.base import ContentSource, DiskOptions, SourceKind
 from csi.backends.local import files
+from csi.backends.local.groupcommit import FileFirst
 from csi.backends.local.layout import Layout
 from csi.backends.local.state import Store
 from csi.failures import FailedPreconditionError, NotFoundError, OutOfRangeError
@@ -36,6 +39,19 @@ def source_file(layout: Layout, store: Store, source: ContentSource, size: int) 
             f"source {source.kind.value} {source.id} is {src_size} bytes, larger than the requested {size}"
         )
     return path, lock
+
+
+def file_first(
+    layout: Layout, path: str, options: DiskOptions, written: Callable[[], None]
+) -> FileFirst | None:
+    """For a volume from nothing: its sparse file as the first step of its record's group commit
+    (groupcommit.py), so concurrent creates share directory syncs and commits. None for a copy, which
+    the caller writes with write_volume_file first (a long copy must not hold up other creates)."""
+    if options.source is not None:
+        return None
+    return FileFirst(
+        lambda: files.create_sparse(path, options.size_bytes, sync_parent=False), layout.volumes_dir, written
+    )
 
 
 def write_volume_file(

@@ -5,7 +5,7 @@ copy that walks data extents with SEEK_DATA/SEEK_HOLE, so holes stay holes.
 
 Durability (docs/recovery.md, "Power loss"): a new file is fsynced, then its directory, before the
 function returns, so the caller commits its record only over a file that survives a power cut; a grown
-file is fsynced before `grow` returns.
+file is fsynced before `grow` returns. Concurrent creators share directory fsyncs (groupcommit.py).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import errno
 import fcntl
 import os
 
+from csi.backends.local.groupcommit import sync_directory
 from csi.failures import OutOfCapacityError, OutOfRangeError
 
 FICLONE = 0x40049409  # _IOW(0x94, 9, int)
@@ -39,16 +40,14 @@ def _no_space(exc: BaseException, path: str) -> OutOfCapacityError | OutOfRangeE
 
 
 def sync_dir(directory: str) -> None:
-    """fsync a directory, making the names created or removed in it durable."""
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    """Make the names created or removed in `directory` before this call durable: returns once an fsync
+    of it that started after the call has finished. Concurrent callers share fsyncs (groupcommit.py)."""
+    sync_directory(directory)
 
 
-def create_sparse(path: str, size: int) -> None:
-    """A new file of `size` bytes with no data blocks, durable (file, then directory) on return.
+def create_sparse(path: str, size: int, *, sync_parent: bool = True) -> None:
+    """A new file of `size` bytes with no data blocks, durable (file, then directory) on return; without
+    `sync_parent` only the file is synced, and the caller syncs the directory before relying on it.
     Refuses to overwrite (FileExistsError). No space for it -> OutOfCapacityError, and no file is left."""
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
@@ -65,7 +64,8 @@ def create_sparse(path: str, size: int) -> None:
             raise
         raise full from exc
     os.close(fd)
-    sync_dir(os.path.dirname(path))
+    if sync_parent:
+        sync_dir(os.path.dirname(path))
 
 
 def _reflink(src_fd: int, dst_fd: int) -> bool:
@@ -161,6 +161,20 @@ def size_of(path: str) -> int | None:
         return os.stat(path).st_size
     except FileNotFoundError:
         return None
+
+
+def has_no_data(path: str) -> bool:
+    """True when `path` has no data extent (SEEK_DATA from 0 finds none, counting data still in the
+    page cache): every byte of it reads as zero. False when it has data, or the filesystem cannot say
+    (Linux then treats the whole file as data); a missing file -> FileNotFoundError."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.lseek(fd, 0, os.SEEK_DATA)
+    except OSError as exc:
+        return exc.errno == errno.ENXIO
+    finally:
+        os.close(fd)
+    return False
 
 
 def free_bytes(directory: str) -> int:

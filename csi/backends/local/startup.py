@@ -80,17 +80,23 @@ def open_read_only(db: str, timeout: float) -> sqlite3.Connection:
 
 
 def check_state(layout: Layout) -> None:
-    """Raise StateUnusable when the state database must not be opened as it is. Read-only."""
+    """Raise StateUnusable when the state database must not be opened as it is. Read-only. The data
+    dir's files are listed only when the database is missing or has no volume table (the listing is
+    reconcile's job otherwise, and a second one would cost every start a pass over every file)."""
     db, data_dir = layout.state_db, layout.data_dir
-    images = layout.images(layout.volumes_dir) + layout.images(layout.snapshots_dir)
+
+    def images() -> list[str]:
+        return layout.images(layout.volumes_dir) + layout.images(layout.snapshots_dir)
+
     try:
         empty = os.path.getsize(db) == 0
     except FileNotFoundError:
         empty = True
     if empty:
-        if images:
+        found = images()
+        if found:
             raise StateUnusable(
-                f"state database {db} is missing or empty, but the data dir holds {len(images)} volume or "
+                f"state database {db} is missing or empty, but the data dir holds {len(found)} volume or "
                 f"snapshot file(s); refusing to start, because they would be taken for orphans and removed; "
                 + _advice(data_dir)
             )
@@ -108,18 +114,20 @@ def check_state(layout: Layout) -> None:
         raise StateUnusable(
             f"state database {db} is corrupt ({'; '.join(verdict[:3])}); " + _advice(data_dir)
         )
-    if images and "volumes" not in tables:
+    if "volumes" not in tables and (found := images()):
         raise StateUnusable(
-            f"state database {db} has no volume table, but the data dir holds {len(images)} volume or "
+            f"state database {db} has no volume table, but the data dir holds {len(found)} volume or "
             "snapshot file(s); " + _advice(data_dir)
         )
 
 
 def reconcile(layout: Layout, store: Store) -> None:
     """Remove backing files without a committed record; grow files shorter than their record, marking
-    the ones that lost data."""
+    the ones that lost data. One listing of each directory, one query of the volumes' sizes and one
+    stat of each volume's file: start-up grows with the number of volumes by that much only."""
+    sizes = store.volume_sizes()
     for directory, known, pattern in (
-        (layout.volumes_dir, store.volume_ids(), VOLUME_ID),
+        (layout.volumes_dir, sizes.keys(), VOLUME_ID),
         (layout.snapshots_dir, store.snapshot_ids(), SNAPSHOT_ID),
     ):
         for entry in os.listdir(directory):
@@ -128,16 +136,16 @@ def reconcile(layout: Layout, store: Store) -> None:
                 files.remove(os.path.join(directory, entry))
     ledger = Ledger(store)
     growing = ledger.growth()
-    for row in store.volumes():
-        path = layout.volume_file(row.id)
+    for volume_id, recorded in sizes.items():
+        path = layout.volume_file(volume_id)
         size = files.size_of(path)
-        if size is not None and size < row.size:
-            if growing.get(row.id) != size:
-                ledger.mark_short(row.id, size, row.size)
+        if size is not None and size < recorded:
+            if growing.get(volume_id) != size:
+                ledger.mark_short(volume_id, size, recorded)
             try:
-                files.grow(path, row.size)
+                files.grow(path, recorded)
             except OutOfRangeError:  # an expand past the largest file, torn before its undo
-                store.set_size(row.id, size)
+                store.set_size(volume_id, size)
     ledger.settle()
 
 

@@ -1,8 +1,10 @@
 """Durable state of the local backend: one SQLite database (WAL, synchronous=FULL) in the data dir.
 
 Every mutating method is one transaction, committed before it returns, so a killed driver restarts
-knowing exactly which volumes, snapshots, groups and attachments exist. Rows carry a monotonically
-increasing `seq` (never reused), which orders listings and backs paging tokens.
+knowing exactly which volumes, snapshots, groups and attachments exist. Concurrent creates and deletes
+of volumes share commits (groupcommit.Transactions); each still returns only once its own is durable.
+Rows carry a monotonically increasing `seq` (never reused), which orders listings and backs paging
+tokens.
 Thread-safe: one connection guarded by a lock; several processes may share the file (busy timeout).
 """
 
@@ -16,6 +18,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, NamedTuple
 
+from csi.backends.local.groupcommit import FileFirst, Transactions
 from csi.failures import FailedPreconditionError, LimitExceededError, NotFoundError, OutOfCapacityError
 
 SCHEMA = """
@@ -130,6 +133,19 @@ class Store:
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.execute("PRAGMA busy_timeout=30000")
         self._db.executescript(SCHEMA)
+        # CreateVolume and DeleteVolume records: concurrent ones share a commit (groupcommit.py)
+        self.writes = Transactions(self._db, self._lock, self._mapped)
+
+    def _mapped(self, exc: BaseException) -> BaseException:
+        """A full disk -> OutOfCapacityError naming the filesystem to free; anything else as it is."""
+        if getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL:
+            full = OutOfCapacityError(
+                f"the filesystem holding {os.path.dirname(self.path)} is full, so the state "
+                "database cannot record the change; free space there and retry"
+            )
+            full.__cause__ = exc
+            return full
+        return exc
 
     def close(self) -> None:
         with self._lock:
@@ -148,11 +164,9 @@ class Store:
             except BaseException as exc:
                 if self._db.in_transaction:
                     self._db.execute("ROLLBACK")
-                if getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL:
-                    raise OutOfCapacityError(
-                        f"the filesystem holding {os.path.dirname(self.path)} is full, so the state "
-                        "database cannot record the change; free space there and retry"
-                    ) from exc
+                mapped = self._mapped(exc)
+                if mapped is not exc:
+                    raise mapped from exc
                 raise
 
     def _read(self, sql: str, args: Sequence[Any] = ()) -> list[sqlite3.Row]:
@@ -184,8 +198,9 @@ class Store:
         rows = self._read("SELECT * FROM volumes WHERE seq > ? ORDER BY seq LIMIT ?", (after_seq, limit))
         return [_volume(r) for r in rows]
 
-    def volume_ids(self) -> set[str]:
-        return {r["id"] for r in self._read("SELECT id FROM volumes")}
+    def volume_sizes(self) -> dict[str, int]:
+        """Every volume's recorded size by id (no record decoded): what start-up reconciles against."""
+        return {r["id"]: r["size"] for r in self._read("SELECT id, size FROM volumes")}
 
     def provisioned_bytes(self) -> int:
         return int(self._read("SELECT COALESCE(SUM(size), 0) AS s FROM volumes")[0]["s"])
@@ -200,43 +215,62 @@ class Store:
         created: float,
         *,
         capacity_limit: int = 0,
+        first: FileFirst | None = None,
     ) -> VolumeRow:
         """Raises NameTaken when another volume already has `name`, and OutOfCapacityError when a
-        non-zero `capacity_limit` would be exceeded (checked in the same transaction)."""
+        non-zero `capacity_limit` would be exceeded (checked in the same transaction). `first`: the
+        backing file, made durable before the record (groupcommit.py); its errors are raised as they are."""
+        spec_text = json.dumps(spec, sort_keys=True)
+        row = (volume_id, name, size, spec_text, json.dumps(mutable), created)
+
+        def insert(db: sqlite3.Connection) -> int:
+            if capacity_limit:
+                used = int(db.execute("SELECT COALESCE(SUM(size), 0) FROM volumes").fetchone()[0])
+                if used + size > capacity_limit:
+                    raise OutOfCapacityError(
+                        f"{size} bytes requested, {max(0, capacity_limit - used)} of the --capacity "
+                        f"limit {capacity_limit} left"
+                    )
+            cursor = db.execute(
+                "INSERT INTO volumes (id, name, size, spec, mutable, created) VALUES (?, ?, ?, ?, ?, ?)", row
+            )
+            return int(cursor.lastrowid or 0)
+
         try:
-            with self.tx() as db:
-                if capacity_limit:
-                    used = int(db.execute("SELECT COALESCE(SUM(size), 0) FROM volumes").fetchone()[0])
-                    if used + size > capacity_limit:
-                        raise OutOfCapacityError(
-                            f"{size} bytes requested, {max(0, capacity_limit - used)} of the --capacity "
-                            f"limit {capacity_limit} left"
-                        )
-                db.execute(
-                    "INSERT INTO volumes (id, name, size, spec, mutable, created) VALUES (?, ?, ?, ?, ?, ?)",
-                    (volume_id, name, size, json.dumps(spec, sort_keys=True), json.dumps(mutable), created),
-                )
+            seq = self.writes.run(insert, first)
         except sqlite3.IntegrityError as exc:
             raise NameTaken(name) from exc
-        row = self.volume(volume_id)
-        assert row is not None
-        return row
+        except sqlite3.Error as exc:
+            mapped = self._mapped(exc)
+            if mapped is not exc:
+                raise mapped from exc
+            raise
+        # the committed row, without reading it back: what was inserted, through the same JSON round trip
+        return VolumeRow(seq, volume_id, name, size, json.loads(spec_text), dict(mutable), created)
 
     def delete_volume(self, volume_id: str) -> None:
         """Missing -> NotFoundError; still attached -> FailedPreconditionError naming the nodes."""
-        with self.tx() as db:
+
+        def delete(db: sqlite3.Connection) -> None:
+            gone = db.execute(
+                "DELETE FROM volumes WHERE id = ? AND NOT EXISTS "
+                "(SELECT 1 FROM attachments WHERE volume_id = ?)",
+                (volume_id, volume_id),
+            ).rowcount
+            if gone:
+                return
             if db.execute("SELECT 1 FROM volumes WHERE id = ?", (volume_id,)).fetchone() is None:
                 raise NotFoundError(f"volume {volume_id} not found")
             nodes = [
                 r["node_id"]
                 for r in db.execute("SELECT node_id FROM attachments WHERE volume_id = ?", (volume_id,))
             ]
-            if nodes:
-                raise FailedPreconditionError(
-                    f"volume {volume_id} is still published to node(s) {', '.join(sorted(nodes))}; "
-                    "unpublish it first"
-                )
-            db.execute("DELETE FROM volumes WHERE id = ?", (volume_id,))
+            raise FailedPreconditionError(
+                f"volume {volume_id} is still published to node(s) {', '.join(sorted(nodes))}; "
+                "unpublish it first"
+            )
+
+        self.writes.run(delete)
 
     def set_size(self, volume_id: str, size: int) -> None:
         with self.tx() as db:

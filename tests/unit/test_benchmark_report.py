@@ -1,0 +1,115 @@
+"""docs/performance.md is rendered from the committed benchmarks/results/*.json (benchmarks/report.py):
+the committed page is what the committed results render to, every issue-17 target is on it with a
+verdict, and a results file the report needs that is missing or malformed stops it with a message that
+names the file."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from benchmarks.common import RESULTS
+from benchmarks.report import BENCHES, DOC, ReportError, render
+
+REQUIRED = [b.name for b in BENCHES if b.required]
+
+
+@pytest.fixture
+def results(tmp_path: Path) -> Path:
+    """A copy of the committed results, to break."""
+    copy = tmp_path / "results"
+    shutil.copytree(RESULTS, copy)
+    return copy
+
+
+def test_the_committed_page_is_what_the_committed_results_render_to(tmp_path: Path) -> None:
+    page = render(docs=tmp_path)
+    assert page == DOC.read_text(), (
+        "docs/performance.md is stale: run `python -m benchmarks.report --from-results`"
+    )
+    for plot in ("throughput", "existing", "node", "aws"):
+        png = tmp_path / "img" / f"perf-{plot}.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", plot
+        assert (DOC.parent / "img" / f"perf-{plot}.png").exists(), f"committed plot {plot} missing"
+
+
+def test_every_target_has_a_verdict_and_every_figure_its_command() -> None:
+    page = render(plots=False)
+    targets = page.split("## Targets (issue 17)")[1].split("\n## ")[0]
+    rows = [line for line in targets.splitlines() if line.startswith("| ") and "verdict" not in line]
+    assert len(rows) == 10
+    assert all(row.rstrip(" |").endswith("met") or "**missed**" in row for row in rows), rows
+    for name in ("startup", "controller", "node", "aws"):
+        doc = json.loads((RESULTS / f"{name}.json").read_text())
+        assert f"`{doc['command']}` · " in page and doc["when"] in page, name
+
+
+def _drop(results: Path, name: str) -> None:
+    (results / f"{name}.json").unlink()
+
+
+def _garble(results: Path, name: str) -> None:
+    (results / f"{name}.json").write_text('{"figures": {"trunc')
+
+
+def _hollow(results: Path, name: str) -> None:
+    path = results / f"{name}.json"
+    doc = json.loads(path.read_text())
+    doc["figures"] = {k: v for i, (k, v) in enumerate(doc["figures"].items()) if i % 2}
+    path.write_text(json.dumps(doc))
+
+
+@pytest.mark.parametrize("name", REQUIRED)
+@pytest.mark.parametrize(
+    "breaks",
+    [
+        pytest.param(_drop, id="missing"),
+        pytest.param(_garble, id="not-json"),
+        pytest.param(_hollow, id="figures-missing"),
+    ],
+)
+def test_a_needed_results_file_that_is_missing_or_malformed_stops_the_report(
+    results: Path, tmp_path: Path, name: str, breaks: Callable[[Path, str], None]
+) -> None:
+    breaks(results, name)
+    with pytest.raises(ReportError) as caught:
+        render(results, tmp_path, plots=False)
+    assert f"{name}.json" in str(caught.value) or "shape" in str(caught.value)
+
+
+@pytest.mark.parametrize("name", ["e2e", "cbt", "soak", "translate", "migration"])
+def test_an_optional_result_that_is_absent_is_not_measured(results: Path, tmp_path: Path, name: str) -> None:
+    (results / f"{name}.json").unlink(missing_ok=True)
+    page = render(results, tmp_path, plots=False)
+    assert f"not measured (`benchmarks/results/{name}.json` is absent)" in page
+
+
+def test_migration_figures_are_rendered_when_present(results: Path, tmp_path: Path) -> None:
+    figures: dict[str, Any] = {
+        "conversions_per_minute": 412.5,
+        "rebind_seconds": {"p50": 1.9},
+        "api_calls_per_conversion": 7,
+    }
+    (results / "migration.json").write_text(
+        json.dumps(
+            {
+                "benchmark": "migration",
+                "when": "2026-12-01T05:00:00Z",
+                "command": "python -m x",
+                "figures": figures,
+            }
+        )
+    )
+    page = render(results, tmp_path, plots=False)
+    migration = page.split("### Migration controller")[1]
+    for row in (
+        "| conversions_per_minute | 412.5 |",
+        "| rebind_seconds.p50 | 1.9 |",
+        "| api_calls_per_conversion | 7 |",
+    ):
+        assert row in migration
