@@ -14,7 +14,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Self
 
 from csi import keys
@@ -40,8 +40,8 @@ from csi.backends.base import (
     GiB,
     NodeIdentity,
     Page,
-    Snapshot,
 )
+from csi.backends.snapshotting import SnapshotDelegation
 from csi.failures import DriverError, FailedPreconditionError, NotFoundError
 from csi.health import Issue, VolumeHealth
 from shim import failpoints
@@ -82,7 +82,7 @@ def capabilities(zone_key: str, max_volumes: int, changed_blocks: bool) -> Backe
     )
 
 
-class AwsBackend(Backend):
+class AwsBackend(SnapshotDelegation, Backend):
     """EBS through boto3. The clients are injected (`ebs_client`, for the EBS direct APIs, is optional:
     without it no changed-block metadata is served); `from_config` builds the production ones."""
 
@@ -278,33 +278,6 @@ class AwsBackend(Backend):
 
     def detach(self, volume_id: str, node_id: str) -> None:
         self._attacher.detach(P.volume_id(volume_id), node_id)
-
-    # ------------------------------------------------------------------ snapshots (snapshots.py)
-
-    def create_snapshot(
-        self,
-        name: str,
-        source_volume_id: str,
-        parameters: Mapping[str, str],
-        requisite: Sequence[Mapping[str, str]] = (),
-    ) -> Snapshot:
-        return self._snapshots.create(name, source_volume_id, parameters, requisite)
-
-    def delete_snapshot(self, snapshot_id: str) -> None:
-        self._snapshots.delete(snapshot_id)
-
-    def get_snapshot(self, snapshot_id: str) -> Snapshot:
-        return self._snapshots.get(snapshot_id)
-
-    def list_snapshots(
-        self,
-        *,
-        snapshot_id: str = "",
-        source_volume_id: str = "",
-        max_entries: int = 0,
-        starting_token: str = "",
-    ) -> Page[Snapshot]:
-        return self._snapshots.page(snapshot_id, source_volume_id, max_entries, starting_token)
 
     # ------------------------------------------------------------------ health (health.py), blocks (cbt.py)
 

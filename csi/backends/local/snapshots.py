@@ -31,6 +31,7 @@ from csi.backends.local.layout import (
 from csi.backends.local.quiesce import Quiescer
 from csi.backends.local.state import GroupRow, NameTaken, SnapshotRow, Store, VolumeRow
 from csi.backends.local.topology import Segment
+from csi.backends.snapshotting import SnapshotDelegation
 from csi.failures import AlreadyExistsError, FailedPreconditionError, InvalidParameterError, NotFoundError
 from csi.keylocks import KeyedLocks
 from shim import failpoints
@@ -244,35 +245,10 @@ class LocalSnapshots:
         return self._group(group)
 
 
-class SnapshotOperations:
-    """The snapshot operations of the Backend interface, delegated to the backend's LocalSnapshots."""
+class SnapshotOperations(SnapshotDelegation):
+    """The snapshot and group snapshot operations of the Backend interface, answered by LocalSnapshots."""
 
     _snapshots: LocalSnapshots
-
-    def create_snapshot(
-        self,
-        name: str,
-        source_volume_id: str,
-        parameters: Mapping[str, str],
-        requisite: Sequence[Mapping[str, str]] = (),
-    ) -> Snapshot:
-        return self._snapshots.create(name, source_volume_id, parameters, requisite)
-
-    def delete_snapshot(self, snapshot_id: str) -> None:
-        self._snapshots.delete(snapshot_id)
-
-    def get_snapshot(self, snapshot_id: str) -> Snapshot:
-        return self._snapshots.get(snapshot_id)
-
-    def list_snapshots(
-        self,
-        *,
-        snapshot_id: str = "",
-        source_volume_id: str = "",
-        max_entries: int = 0,
-        starting_token: str = "",
-    ) -> Page[Snapshot]:
-        return self._snapshots.page(snapshot_id, source_volume_id, max_entries, starting_token)
 
     def create_group_snapshot(
         self, name: str, volume_ids: Sequence[str], parameters: Mapping[str, str]
