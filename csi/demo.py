@@ -259,9 +259,9 @@ def _demo(ns: argparse.Namespace, out: TextIO) -> int:
         shutil.rmtree(os.path.join(work, "kubelet"), ignore_errors=True)
         if ns.keep:
             print(f"kept the data dir {data_dir}", file=out)
-        else:
-            if ns.demo_data_dir:
-                shutil.rmtree(data_dir, ignore_errors=True)
+        elif ns.demo_data_dir:
+            shutil.rmtree(data_dir, ignore_errors=True)
+        if not (ns.keep and not ns.demo_data_dir):  # the work dir goes unless it holds the kept data dir
             shutil.rmtree(work, ignore_errors=True)
     if ok and cleaned:
         print("demo finished: every step passed and everything was cleaned up", file=out)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import io
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -52,13 +53,15 @@ def test_demo_runs_every_step_and_cleans_up(tmp_path: Path) -> None:
     assert [m for m in Mounter().mounts() if "ballast-demo-" in m.mount_point] == []
 
 
-def test_demo_keep_leaves_the_data_dir_but_no_mounts(tmp_path: Path) -> None:
+def test_demo_keep_leaves_the_data_dir_but_no_mounts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     require_root()
     for tool in ("mkfs.xfs", "xfs_growfs", "blkid"):
         require_tool(tool)
     data = tmp_path / "kept"
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the demo's work dir is made here
     out = io.StringIO()
     assert run_demo(argparse.Namespace(demo_data_dir=str(data), keep=True), out) == 0, out.getvalue()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept"], "only the kept data dir stays"
     assert (data / "state.db").exists()
     assert len(list((data / "volumes").iterdir())) == 2, "both volumes are kept"
     assert _loops_over(data) == [], "kept volumes are still detached"
