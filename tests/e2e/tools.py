@@ -27,6 +27,8 @@ _BINARIES: dict[str, tuple[str, str]] = {
     "csi-resizer": ("external-resizer", "CSI_RESIZER_VERSION"),
     "csi-snapshotter": ("external-snapshotter", "CSI_SNAPSHOTTER_VERSION"),
     "snapshot-controller": ("external-snapshotter", "CSI_SNAPSHOTTER_VERSION"),
+    "csi-snapshot-metadata": ("external-snapshot-metadata", "CSI_SNAPSHOT_METADATA_VERSION"),
+    "snapshot-metadata-lister": ("external-snapshot-metadata", "CSI_SNAPSHOT_METADATA_VERSION"),
 }
 
 

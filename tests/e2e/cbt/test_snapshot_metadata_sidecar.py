@@ -30,14 +30,13 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.conftest import in_ci
 from tests.e2e.cluster import Cluster, running_cluster
 from tests.e2e.deploy import Deployment, deployed_chart, find, install_snapshot_crds, render_chart
 from tests.e2e.kube import Kube, KubeError, pvcs, pvs, volume_snapshot_contents, volume_snapshots
 from tests.e2e.kubelet import register_node
 from tests.e2e.pki import CertificateAuthority, KeyPair
 from tests.e2e.process import Process, free_port
-from tests.e2e.tools import component_dir, k8s_binary, versions
+from tests.e2e.tools import component_dir, k8s_binary
 
 pytestmark = pytest.mark.slow
 
@@ -49,17 +48,6 @@ MiB = 1024**2
 SIZE = 64 * MiB
 WRITES = [(0, 10), (9 * BLOCK + 100, BLOCK), (SIZE - 1, 1)]  # first block, across blocks 9-10, last byte
 EXPECTED = [(0, BLOCK), (9 * BLOCK, 2 * BLOCK), (SIZE - BLOCK, BLOCK)]
-
-
-def _built(name: str) -> Path:
-    """A binary of the external-snapshot-metadata build (fails in CI, skips elsewhere when missing)."""
-    path = component_dir("external-snapshot-metadata", "CSI_SNAPSHOT_METADATA_VERSION") / "bin" / name
-    if not (path.is_file() and os.access(path, os.X_OK)):
-        message = f"{name} {versions()['CSI_SNAPSHOT_METADATA_VERSION']} not built (run scripts/k8s-tools)"
-        if in_ci():
-            pytest.fail(message, pytrace=False)
-        pytest.skip(message)
-    return path
 
 
 def _values(port: int, ca_cert: bytes) -> dict[str, Any]:
@@ -119,7 +107,7 @@ def _start_sidecar(
         for a in container["args"]
     ]
     kubeconfig = cluster.service_account_kubeconfig(NAMESPACE, spec["serviceAccountName"])
-    argv = [str(_built("csi-snapshot-metadata")), *args, f"--kubeconfig={kubeconfig}"]
+    argv = [str(k8s_binary("csi-snapshot-metadata")), *args, f"--kubeconfig={kubeconfig}"]
     return cluster.processes.start("csi-snapshot-metadata", argv)
 
 
@@ -133,8 +121,8 @@ class Bed:
 
 @pytest.fixture
 def bed(tmp_path: Path) -> Iterator[Bed]:
-    _built("csi-snapshot-metadata")
-    _built("snapshot-metadata-lister")
+    k8s_binary("csi-snapshot-metadata")
+    k8s_binary("snapshot-metadata-lister")
     crd_dir = component_dir("external-snapshot-metadata", "CSI_SNAPSHOT_METADATA_VERSION") / "crd"
     port = free_port()
     ca = CertificateAuthority(tmp_path)
@@ -235,7 +223,7 @@ def test_a_backup_client_gets_the_changed_blocks_through_the_sidecar(bed: Bed) -
     client_role = find(bed.rendered, "ClusterRole", "-snapshot-metadata-client")["metadata"]["name"]
     kubeconfig = _backup_client(cluster, kube, client_role)
     argv = [
-        str(_built("snapshot-metadata-lister")),
+        str(k8s_binary("snapshot-metadata-lister")),
         "-kubeconfig", str(kubeconfig),
         "-namespace", APPS,
         "-snapshot", "target",
