@@ -20,7 +20,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -112,7 +112,12 @@ def delete_objects(kube: Kube, objects: list[Obj]) -> None:
 
 def install_snapshot_crds(kube: Kube) -> None:
     """The VolumeSnapshot CRDs from the snapshotter's client module; waits until they are served."""
-    for path in snapshot_crds():
+    install_crds(kube, snapshot_crds())
+
+
+def install_crds(kube: Kube, manifests: Iterable[Path]) -> None:
+    """Create each CRD manifest (already there is fine) and wait until the API server serves it."""
+    for path in manifests:
         crd = yaml.safe_load(path.read_text())
         try:
             kube.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)

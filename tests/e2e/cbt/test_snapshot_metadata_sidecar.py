@@ -31,8 +31,15 @@ import pytest
 import yaml
 
 from tests.e2e.cluster import Cluster, running_cluster
-from tests.e2e.deploy import Deployment, deployed_chart, find, install_snapshot_crds, render_chart
-from tests.e2e.kube import Kube, KubeError, pvcs, pvs, volume_snapshot_contents, volume_snapshots
+from tests.e2e.deploy import (
+    Deployment,
+    deployed_chart,
+    find,
+    install_crds,
+    install_snapshot_crds,
+    render_chart,
+)
+from tests.e2e.kube import Kube, pvcs, pvs, volume_snapshot_contents, volume_snapshots
 from tests.e2e.kubelet import register_node
 from tests.e2e.pki import CertificateAuthority, KeyPair
 from tests.e2e.process import Process, free_port
@@ -63,21 +70,6 @@ def _values(port: int, ca_cert: bytes) -> dict[str, Any]:
             "caCert": base64.b64encode(ca_cert).decode(),
         },
     }
-
-
-def _install_crd(kube: Kube, path: Path) -> None:
-    crd = yaml.safe_load(path.read_text())
-    try:
-        kube.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
-    except KubeError as err:
-        if err.status != 409:
-            raise
-    kube.wait(
-        f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd['metadata']['name']}",
-        lambda c: any(x["type"] == "Established" for x in (c.get("status") or {}).get("conditions") or []),
-        30,
-        "the SnapshotMetadataService CRD",
-    )
 
 
 def _apply_sidecar_objects(kube: Kube, rendered: list[dict[str, Any]], port: int) -> None:
@@ -130,7 +122,7 @@ def bed(tmp_path: Path) -> Iterator[Bed]:
     with running_cluster() as cluster:
         kube = cluster.admin()
         install_snapshot_crds(kube)
-        _install_crd(kube, next(crd_dir.glob("cbt.storage.k8s.io_*.yaml")))
+        install_crds(kube, [next(crd_dir.glob("cbt.storage.k8s.io_*.yaml"))])
         controller = [str(k8s_binary("snapshot-controller")), f"--kubeconfig={cluster.admin_kubeconfig}"]
         cluster.processes.start("snapshot-controller", controller)
         values = _values(port, ca.cert_pem)
