@@ -19,6 +19,13 @@ from csi.backends.local import groupcommit
 from csi.backends.local.groupcommit import DirectorySync, FileFirst, Transactions
 
 
+def commits(con: sqlite3.Connection) -> list[str]:
+    """The COMMIT statements `con` runs from now on, as SQLite traces them."""
+    seen: list[str] = []
+    con.set_trace_callback(lambda sql: seen.append(sql) if sql.strip().upper() == "COMMIT" else None)
+    return seen
+
+
 @pytest.fixture
 def db(tmp_path: Path) -> Iterator[tuple[sqlite3.Connection, threading.Lock]]:
     con = sqlite3.connect(tmp_path / "t.db", isolation_level=None, check_same_thread=False)
@@ -57,16 +64,16 @@ class HeldCommits(Transactions):
 
 def test_a_caller_alone_commits_at_once(db: tuple[sqlite3.Connection, threading.Lock]) -> None:
     con, lock = db
-    tx = Transactions(con, lock, lambda exc: exc)
+    tx, done = Transactions(con, lock, lambda exc: exc), commits(con)
     assert [tx.run(insert(f"v{i}")) for i in range(5)] == [f"v{i}" for i in range(5)]
-    assert tx.commits == 5 and committed(con) == {f"v{i}" for i in range(5)}
+    assert len(done) == 5 and committed(con) == {f"v{i}" for i in range(5)}
 
 
 def test_callers_queued_behind_a_commit_share_the_next_one(
     db: tuple[sqlite3.Connection, threading.Lock],
 ) -> None:
     con, lock = db
-    tx = HeldCommits(con, lock)
+    tx, done = HeldCommits(con, lock), commits(con)
     with ThreadPoolExecutor(9) as pool:
         first = pool.submit(tx.run, insert("first"))
         assert tx.started.wait(10)
@@ -77,7 +84,7 @@ def test_callers_queued_behind_a_commit_share_the_next_one(
         tx.release.set()
         assert first.result() == "first"
         assert sorted(f.result() for f in queued) == sorted(f"q{i}" for i in range(8))
-    assert tx.commits == 2, "the eight queued callers did not share one commit"
+    assert len(done) == 2, "the eight queued callers did not share one commit"
     assert committed(con) == {"first", *(f"q{i}" for i in range(8))}
 
 
@@ -181,3 +188,45 @@ def test_a_directory_sync_covers_only_what_came_before_it_started(
         for f in late:
             f.result()
     assert started == [1, 2], "the five late callers did not share one fsync"
+
+
+class BrokenOnce(Transactions):
+    """The first commit fails beyond what _commit handles itself (as a ROLLBACK that fails would)."""
+
+    broken = True
+
+    def _commit(self, batch: list[groupcommit._Work[object]]) -> None:
+        if self.broken:
+            self.broken = False
+            raise sqlite3.OperationalError("disk I/O error")
+        super()._commit(batch)
+
+
+def in_thread(call: Callable[[], str]) -> str:
+    """`call()` in a daemon thread; a call still blocked after 10 s fails the test (and cannot hang it)."""
+    answer: list[str | BaseException] = []
+
+    def run() -> None:
+        try:
+            answer.append(call())
+        except BaseException as exc:
+            answer.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(10)
+    assert answer, "the call is still blocked"
+    if isinstance(answer[0], BaseException):
+        raise answer[0]
+    return answer[0]
+
+
+def test_a_commit_that_fails_outright_answers_its_caller_and_the_next_call_still_runs(
+    db: tuple[sqlite3.Connection, threading.Lock],
+) -> None:
+    con, lock = db
+    tx = BrokenOnce(con, lock, lambda exc: exc)
+    with pytest.raises(sqlite3.OperationalError, match="disk I/O error"):
+        in_thread(lambda: tx.run(insert("lost")))
+    assert in_thread(lambda: tx.run(insert("next"))) == "next"
+    assert committed(con) == {"next"}

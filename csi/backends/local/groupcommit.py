@@ -131,7 +131,6 @@ class Transactions:
         self._queue_lock = threading.Lock()
         self._queue: list[_Work[Any]] = []
         self._committing = False
-        self.commits = 0  # transactions committed, for the figures of benchmarks and tests
 
     def run(self, fn: Callable[[sqlite3.Connection], T], first: FileFirst | None = None) -> T:
         """`first` made durable, then `fn(db)` inside a committed transaction: its result once durable,
@@ -158,17 +157,22 @@ class Transactions:
         """Commit the queue as one transaction, then hand leadership to the next queued caller."""
         with self._queue_lock:
             batch, self._queue = self._queue, []
-        self._prepare(batch)
-        self._commit([w for w in batch if w.error is None])
-        with self._queue_lock:
-            if self._queue:
-                nxt = self._queue[0]
-                nxt.lead = True
-                nxt.done.set()
-            else:
-                self._committing = False
-        for work in batch:
-            work.done.set()
+        try:
+            self._prepare(batch)
+            self._commit([w for w in batch if w.error is None])
+        except BaseException as exc:  # e.g. a ROLLBACK that failed too: nothing of the batch committed
+            for work in batch:
+                work.error = work.error or exc
+        finally:  # whatever happened, the queue keeps moving and every caller of the batch is answered
+            with self._queue_lock:
+                if self._queue:
+                    nxt = self._queue[0]
+                    nxt.lead = True
+                    nxt.done.set()
+                else:
+                    self._committing = False
+            for work in batch:
+                work.done.set()
 
     @staticmethod
     def _prepare(batch: list[_Work[Any]]) -> None:
@@ -205,7 +209,6 @@ class Transactions:
                     db.execute("ROLLBACK")
                     return
                 db.execute("COMMIT")
-                self.commits += 1
             except BaseException as exc:
                 if db.in_transaction:
                     db.execute("ROLLBACK")
