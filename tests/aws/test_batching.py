@@ -253,18 +253,24 @@ def test_a_listing_is_one_consistent_snapshot_and_misses_nothing_that_stayed(
 def test_snapshots_are_bounded_and_a_token_outlives_its_snapshot() -> None:
     now = [0.0]
     volumes = [{"VolumeId": f"vol-{i:017x}"} for i in range(6)]
-    held = Listings(lambda: list(volumes), keep=2, ttl=60.0, clock=lambda: now[0])
+    sweeps: list[int] = []  # one entry per sweep of EC2
+
+    def sweep() -> list[dict[str, str]]:
+        sweeps.append(len(volumes))
+        return list(volumes)
+
+    held = Listings(sweep, keep=2, ttl=60.0, clock=lambda: now[0])
     first = held.page(2, "")
     others = [held.page(2, "") for _ in range(2)]  # two more listings: the first one's snapshot is evicted
-    assert held.sweeps == 3 and all(o.next_token for o in others)
+    assert len(sweeps) == 3 and all(o.next_token for o in others)
     volumes.pop(3)  # gone before the first listing resumes
     resumed = held.page(0, first.next_token)
-    assert held.sweeps == 4, "an evicted snapshot was not swept again"
+    assert len(sweeps) == 4, "an evicted snapshot was not swept again"
     assert [v["VolumeId"] for v in resumed.items] == [f"vol-{i:017x}" for i in (2, 4, 5)]
     second = held.page(2, others[1].next_token)
     now[0] = 61.0
     held.page(2, second.next_token)
-    assert held.sweeps == 5, "an expired snapshot was served"
+    assert len(sweeps) == 5, "an expired snapshot was served"
 
 
 @pytest.mark.parametrize(

@@ -43,7 +43,6 @@ class Listings:
         self._keep, self._ttl, self._clock = keep, ttl, clock
         self._lock = threading.Lock()
         self._held: OrderedDict[str, tuple[float, list[str], list[Record]]] = OrderedDict()
-        self.sweeps = 0  # for tests and figures
 
     def page(self, max_entries: int, token: str) -> Page[Record]:
         """Up to `max_entries` records (0: all) after the token's position, in volume id order."""
@@ -75,7 +74,6 @@ class Listings:
         ids = [str(v["VolumeId"]) for v in records]
         listing = os.urandom(6).hex()
         with self._lock:
-            self.sweeps += 1
             self._held[listing] = (self._clock(), ids, records)
             while len(self._held) > self._keep:
                 self._held.popitem(last=False)
