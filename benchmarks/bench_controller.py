@@ -10,6 +10,9 @@ Figures:
 - server CPU per CreateVolume and per DeleteVolume (all threads, from /proc/<pid>/task/*/schedstat) at
   concurrency 1 and 8, medians over the rounds; Ballast's overhead is its CPU minus the grpcio floor's
   (target, issue 17: at most 0.35 ms per CreateVolume);
+- the durable floor (benchmarks/durable_floor.py): the system calls a power-safe create makes, in a plain
+  loop beside the driver's data dir (and, as root, on a fresh ext4 with a journal), interleaved with the
+  rounds at concurrency 1: what of the overhead is the operating system's, not the driver's;
 - create+delete pairs per second at concurrency 1, 8 and 32 for all three;
 - CreateVolume latency with 0 to 10,000 existing volumes: one driver grows through the levels while an
   empty driver is measured in alternating rounds beside it (the ratio at 5,000 was issue 3's target,
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -34,10 +38,12 @@ from typing import Any
 
 import grpc
 
+from benchmarks import durable_floor
 from benchmarks.common import (
     Progress,
     cpu_seconds,
     deployed_python,
+    filesystem,
     load_average,
     start_driver,
     stop_driver,
@@ -161,19 +167,45 @@ def rotate(servers: list[Server], r: int) -> list[Server]:
     return servers[k:] + servers[:k]
 
 
-def cpu_figures(servers: list[Server], rounds: int, calls: int, bar: Progress) -> dict[str, Any]:
+def cpu_figures(
+    servers: list[Server], rounds: int, calls: int, bar: Progress, floor_dirs: dict[str, Path]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(CPU per call of each server at concurrency 1 and 8, the durable floor in each of `floor_dirs`):
+    the floor's rounds are interleaved with the servers' rounds at concurrency 1."""
     figures: dict[str, Any] = {}
+    durable: dict[str, list[dict[str, float]]] = {name: [] for name in floor_dirs}
     for concurrency in (1, 8):
         samples: dict[str, list[dict[str, float]]] = {s.name: [] for s in servers}
         for r in range(rounds):
             for server in rotate(servers, r):
                 samples[server.name].append(cpu_round(server, f"cpu{concurrency}-{r}", concurrency, calls))
                 bar.step(note=f"cpu c{concurrency} {server.name}")
+            for name, directory in floor_dirs.items() if concurrency == 1 else ():
+                durable[name].append(durable_floor.measure(directory, calls))
+                bar.step(note=f"durable floor {name}")
         figures[f"concurrency_{concurrency}"] = {
             name: {k: round(statistics.median(s[k] for s in rows), 3) for k in rows[0]}
             for name, rows in samples.items()
         }
-    return figures
+    floors = {
+        name: {"filesystem": durable_floor.filesystem_facts(floor_dirs[name]), **durable_floor.medians(rows)}
+        for name, rows in durable.items()
+    }
+    return figures, floors
+
+
+@contextmanager
+def durable_floor_dirs(work: Path) -> Iterator[dict[str, Path]]:
+    """Where the durable floor runs: beside the driver's data dir and, as root with mkfs.ext4 at hand, on
+    a fresh ext4 with a journal (the filesystem a node's /var/lib usually is), for comparison."""
+    here = work / "durable"
+    here.mkdir()
+    if os.geteuid() != 0 or shutil.which("mkfs.ext4") is None:
+        yield {"data_dir": here}
+        return
+    (work / "journaled").mkdir()
+    with filesystem(work / "journaled", "ext4", [], 2 << 30) as mnt:
+        yield {"data_dir": here, "ext4_journal": mnt}
 
 
 def throughput_figures(servers: list[Server], rounds: int, calls: int, bar: Progress) -> dict[str, Any]:
@@ -238,7 +270,7 @@ def existing_curve(
 def profile_creates(work: Path, count: int) -> dict[str, Any]:
     """Where the driver's own CPU per CreateVolume goes: `count` creates (then deletes) called on the
     driver's ControllerService in this process, below gRPC (the floors measure gRPC), under cProfile with
-    a CPU clock; the functions with the most CPU of their own, grouped by module."""
+    the calling thread's CPU clock; the functions with the most CPU of their own, grouped by module."""
     import cProfile
     import pstats
 
@@ -255,14 +287,14 @@ def profile_creates(work: Path, count: int) -> dict[str, Any]:
         for i in range(20):  # warm-up
             vid = service.CreateVolume(create_req(f"warm-{i}"), None).volume.volume_id  # type: ignore[arg-type]
             service.DeleteVolume(csi_pb2.DeleteVolumeRequest(volume_id=vid), None)  # type: ignore[arg-type]
-        profiler = cProfile.Profile(time.process_time)
+        profiler = cProfile.Profile(time.thread_time)
         ids = []
-        started = time.process_time()
+        started = time.thread_time()
         profiler.enable()
         for i in range(count):
             ids.append(service.CreateVolume(create_req(f"prof-{i}"), None).volume.volume_id)  # type: ignore[arg-type]
         profiler.disable()
-        total = time.process_time() - started
+        total = time.thread_time() - started
         for vid in ids:
             service.DeleteVolume(csi_pb2.DeleteVolumeRequest(volume_id=vid), None)  # type: ignore[arg-type]
     finally:
@@ -287,8 +319,9 @@ def profile_creates(work: Path, count: int) -> dict[str, Any]:
             {"where": k, "cpu_ms": round(v / count * 1000, 4), "share": round(v / total, 3)}
             for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])
         ],
-        "method": f"cProfile with a CPU clock over {count} CreateVolume calls on the local backend, "
-        "in-process below gRPC (the handler, validation, backend, group commit, SQLite, syscalls)",
+        "method": f"cProfile on the calling thread's CPU clock over {count} CreateVolume calls on the local "
+        "backend, one at a time, in-process below gRPC (the handler, validation, backend, group commit, "
+        "SQLite, syscalls: at concurrency 1 all of it runs in the caller's thread)",
         "cpu_ms_per_create": round(total / count * 1000, 3),
         "top": [
             {"where": k, "cpu_ms": round(v / count * 1000, 4), "share": round(v / total, 3)} for k, v in top
@@ -350,11 +383,12 @@ def main() -> None:
         work = Path(tmp)
         python = deployed_python(work)
         go = build_probeclient(work)
-        bar = Progress(rounds * 3 * 2 + rounds * 3 * 3 + rounds * len(levels), "bench_controller")
-        with servers_running(work, python, go, "controller") as servers:
+        with servers_running(work, python, go, "controller") as servers, durable_floor_dirs(work) as dirs:
+            steps = rounds * 3 * 2 + rounds * len(dirs) + rounds * 3 * 3 + rounds * len(levels)
+            bar = Progress(steps, "bench_controller")
             for server in servers:  # warm-up: imports, first files, page cache
                 cpu_round(server, "warmup", 4, 100)
-            cpu = cpu_figures(servers, rounds, calls, bar)
+            cpu, floors = cpu_figures(servers, rounds, calls, bar, dirs)
             throughput = throughput_figures(servers, rounds, calls, bar)
         with ExitStack() as stack:
             e_sock, g_sock = work / "empty.sock", work / "growing.sock"
@@ -393,6 +427,7 @@ def main() -> None:
             "create_cpu_overhead_ms": overhead,
             "target_overhead_ms": TARGET_OVERHEAD_MS,
             "target_overhead_met": all(v <= TARGET_OVERHEAD_MS for v in overhead.values()),
+            "durable_floor": floors,
             "throughput": throughput,
             "profile": profile,
             "existing_volumes": curve,

@@ -4,10 +4,11 @@ the backend."""
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Mapping
 
-from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
 
 from csi import keys, values
@@ -57,20 +58,45 @@ def check_ids(request: Message, prefix: str = "") -> None:
     """Every id a request carries (`*_id` and `*_ids` fields, in nested messages too) within the spec's
     limits: over 128 bytes or holding control characters -> INVALID_ARGUMENT, in every RPC, before any
     lookup could answer NOT_FOUND. Whether an id is required is the handler's question."""
-    for field, value in request.ListFields():
-        name = prefix + field.name
+    for field, nested in _id_fields(request.DESCRIPTOR):
+        value = getattr(request, field.name)
+        if nested:
+            if field.is_repeated or request.HasField(field.name):
+                for sub in value if field.is_repeated else [value]:
+                    check_ids(sub, f"{prefix}{field.name}.")
+        else:
+            for item in value if field.is_repeated else [value]:
+                check_string(item, prefix + field.name)
+
+
+@functools.cache
+def _id_fields(message: Descriptor) -> tuple[tuple[FieldDescriptor, bool], ...]:
+    """(field, is a message) for the fields of `message` that are ids or messages holding ids at some
+    depth; maps are not walked (check_map limits them). Worked out once per message type."""
+    found = []
+    for field in message.fields:
         if field.type == FieldDescriptor.TYPE_MESSAGE:
-            if field.message_type is None or field.message_type.GetOptions().map_entry:
-                continue
-            for sub in value if _repeated(field) else [value]:
-                check_ids(sub, name + ".")
-        elif field.type == FieldDescriptor.TYPE_STRING and field.name.endswith(("_id", "_ids")):
-            for item in value if _repeated(field) else [value]:
-                check_string(item, name)
+            if _holds_ids(field.message_type, set()):
+                found.append((field, True))
+        elif _is_id(field):
+            found.append((field, False))
+    return tuple(found)
 
 
-def _repeated(field: FieldDescriptor) -> bool:
-    return bool(field.is_repeated)
+def _is_id(field: FieldDescriptor) -> bool:
+    return field.type == FieldDescriptor.TYPE_STRING and field.name.endswith(("_id", "_ids"))
+
+
+def _holds_ids(message: Descriptor | None, seen: set[str]) -> bool:
+    """Whether `message` (not a map entry) has an id field at some depth; `seen`: types already decided
+    or being decided further up (a type that refers to itself)."""
+    if message is None or message.full_name in seen or message.GetOptions().map_entry:
+        return False
+    seen.add(message.full_name)
+    return any(
+        _holds_ids(f.message_type, seen) if f.type == FieldDescriptor.TYPE_MESSAGE else _is_id(f)
+        for f in message.fields
+    )
 
 
 def check_map(values: Mapping[str, str], field: str) -> None:

@@ -113,3 +113,38 @@ def test_migration_figures_are_rendered_when_present(results: Path, tmp_path: Pa
         "| api_calls_per_conversion | 7 |",
     ):
         assert row in migration
+
+
+def _with_floor(results: Path, total: float) -> None:
+    path = results / "controller.json"
+    doc = json.loads(path.read_text())
+    phases = {"create file": total / 4, "fsync file": total / 4, "fsync directory": total / 4}
+    doc["figures"]["durable_floor"] = {
+        "data_dir": {
+            "filesystem": {"type": "ext4", "mount": "/", "journal": False},
+            **phases,
+            "WAL commit": total / 4,
+            "total": total,
+        }
+    }
+    path.write_text(json.dumps(doc))
+
+
+@pytest.mark.parametrize(
+    ("total", "beyond_reach"),
+    [
+        pytest.param(0.6, True, id="floor-above-the-bound"),
+        pytest.param(0.1, False, id="floor-below-the-bound"),
+    ],
+)
+def test_the_durable_floor_splits_the_overhead_into_system_calls_and_driver_code(
+    results: Path, tmp_path: Path, total: float, beyond_reach: bool
+) -> None:
+    _with_floor(results, total)
+    page = render(results, tmp_path, plots=False)
+    over = json.loads((results / "controller.json").read_text())["figures"]["create_cpu_overhead_ms"]
+    section = page.split("### The durable floor")[1].split("\n### ")[0]
+    assert f"| total | {total:.3f} ms |" in section
+    assert f"{over['concurrency_1'] - total:.2f} ms the driver's own code" in section
+    assert ("cannot be met on this machine" in section) is beyond_reach
+    assert f"cost {total:.2f} ms of CPU by themselves" in page.split("## Targets (issue 17)")[1]
