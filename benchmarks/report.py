@@ -337,7 +337,10 @@ def _stage_reason(node: Result, fs: str) -> str:
     """Why stage - mkfs misses: what mount(2) alone costs, in the stage and inside the kernel."""
     mount = node.num(f"{fs}.stage_steps_ms.mount(2)")
     floor = node.num(f"{fs}.tool_floor_steps.mount.median_ms")
-    reason = f"mount(2) of a fresh {fs} alone takes {mount:.1f} ms (the tool floor's `mount`: {floor:.1f} ms)"
+    reason = (
+        f"mount(2) of a fresh {fs} alone takes {mount:.1f} ms (the tool floor's `mount` program, "
+        f"its start included: {floor:.1f} ms)"
+    )
     a = _anatomy(node, fs)
     if "total" in a:
         reason += (
