@@ -8,7 +8,9 @@ on a fresh file, each program timed. Driver and floor alternate, round by round,
 
 Targets (issue 17): cycle median <= 1.2x the floor's; NodeStageVolume median <= the floor's mkfs median
 + 3 ms. Then one stage is traced step by step in-process (the same Stager and backend the driver runs,
-each step timed) to show where stage spends what it spends beyond mkfs.
+each step timed) to show where stage spends what it spends beyond mkfs, and mount(2) of a fresh
+filesystem made by the plain tool is split into its phases from the kernel's tracepoints
+(benchmarks/mount_trace.py).
 Needs root. Run: .venv/bin/python -m benchmarks.bench_node [--quick] [--runs 15]
 Writes benchmarks/results/node.json.
 """
@@ -32,6 +34,7 @@ import grpc
 
 from benchmarks.bench_controller import wait_ready
 from benchmarks.common import Progress, load_average, start_driver, stop_driver, summary_ms, write_result
+from benchmarks.mount_trace import mount_anatomy
 from csi._proto import csi_pb2, csi_pb2_grpc
 
 GiB = 1024**3
@@ -134,7 +137,7 @@ def traced_stage(workdir: Path, fs: str, runs: int) -> dict[str, float]:
     clock: dict[str, float] = {}
     wrapped = [
         (backend, "resolve_device", "resolve device (loop attach + identity check)"),
-        (backend, "blank", "blank check (backing file has no data)"),
+        (backend, "never_written", "blank check (backing file has no data)"),
         (mounter, "probe", "blkid probe"),
         (mounter, "mkfs", "mkfs"),
         (mounter, "mount", "mount(2)"),
@@ -206,6 +209,7 @@ def measure(
         "cycle_target_met": ratio <= TARGET_RATIO,
         "stage_target_met": stage_over <= TARGET_STAGE_OVER_MKFS_MS,
         "stage_steps_ms": traced_stage(workdir, fs, max(3, runs // 3)),
+        "mount_anatomy_ms": mount_anatomy(workdir, fs, max(3, runs // 3)),
     }
 
 
