@@ -113,3 +113,34 @@ def test_migration_figures_are_rendered_when_present(results: Path, tmp_path: Pa
         "| api_calls_per_conversion | 7 |",
     ):
         assert row in migration
+
+
+def _paging_row(results: Path, tmp_path: Path, volumes: int, after: int) -> str:
+    path = results / "aws.json"
+    doc = json.loads(path.read_text())
+    pages = -(-volumes // 200)
+    doc["figures"]["paging"] = {
+        "volumes": volumes,
+        "max_entries": 200,
+        "ec2_page": 500,
+        "moto": "benchmarks.moto_at_scale",
+        "before": {"pages": pages, "listed": volumes, "describe_volumes_calls": 1050, "seconds": 1.0},
+        "after": {"pages": pages, "listed": volumes, "describe_volumes_calls": after, "seconds": 1.0},
+    }
+    path.write_text(json.dumps(doc))
+    page = render(results, tmp_path, plots=False)
+    return next(line for line in page.splitlines() if line.startswith("| EC2 calls to page ListVolumes"))
+
+
+@pytest.mark.parametrize(
+    ("volumes", "after", "cell"),
+    [
+        pytest.param(10_000, 21, "met", id="one-sweep-at-10000"),
+        pytest.param(10_000, 42, "**missed**: 42 calls after, more than one sweep (21)", id="two-sweeps"),
+        pytest.param(2_000, 5, "**missed**: measured at 2,000, not 10,000", id="too-few-volumes"),
+    ],
+)
+def test_the_paging_target_is_met_only_by_one_sweep_through_10000_volumes(
+    results: Path, tmp_path: Path, volumes: int, after: int, cell: str
+) -> None:
+    assert _paging_row(results, tmp_path, volumes, after).endswith(f" after | {cell} |")
