@@ -307,12 +307,12 @@ def main() -> None:
     ops, other = (40, 40) if args.quick else (args.ops, args.ops_other)
     volumes, page = (300, 50) if args.quick else (args.paging_volumes, args.page)
     moto = "moto.server" if args.plain_moto else "benchmarks.moto_at_scale"
+    load_before = load_average()
     if args.only == "listing":
-        merge_result("aws", "paging", paging_run(volumes, page, moto), load_average())
+        merge_result("aws", "paging", paging_run(volumes, page, moto), load_before)
         return
     levels = [8, 64] if args.quick else sorted(int(c) for c in args.concurrency.split(","))
     top = levels[-1]
-    load_before = load_average()
     figures: dict[str, Any] = {
         "setup": {
             "moto": "moto.server in its own process, behind tests/motoproxy.py",
