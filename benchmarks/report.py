@@ -34,8 +34,9 @@ MOTO_AT_SCALE = (
     "moto as installed costs O(N²) per DescribeVolumes over N tagged volumes (every volume's tags are found "
     "by scanning every tag in the region, once to filter and once to answer) and renders every match on "
     "every page, so the paging runs against `benchmarks/moto_at_scale.py`: the same moto server with the "
-    "tag lookup indexed and DescribeVolumes paged by moto itself, a change to moto's speed and not to its "
-    "answers (tests/aws/test_moto_at_scale.py holds the two to the same answers on one state)"
+    "tag lookup indexed and DescribeVolumes paged by moto itself instead of by the proxy, a change to moto's "
+    "speed and not to the answers the driver reads (tests/aws/test_moto_at_scale.py holds the two to the "
+    "same answers on one state; only the NextToken text differs)"
 )
 PAGING_TARGET = 10_000
 
