@@ -14,12 +14,15 @@ Figures:
 - `throttled`: the same at concurrency 64 with batching on while the proxy answers RequestLimitExceeded
   for 10% of all calls (seeded): operations that failed (target 0), calls refused by the proxy, and the
   driver's `ballast_backend_retries_total` read from its /metrics.
-- `paging`: EC2 calls for paging ListVolumes through V volumes, before (the pre-issue-17 algorithm: a
-  full DescribeVolumes sweep for every page, `base.seek_page`, reproduced here on the same backend) and
-  after (one snapshot per listing, listing.py).
+- `paging`: EC2 calls for paging ListVolumes through V volumes (10,000), before (the pre-issue-17
+  algorithm: a full DescribeVolumes sweep for every page, `base.seek_page`, reproduced here on the same
+  backend) and after (one snapshot per listing, listing.py). moto runs as benchmarks.moto_at_scale:
+  moto.server with an indexed tag lookup and DescribeVolumes paged by moto, the same pages at a cost
+  plain moto cannot reach at 10,000 volumes (that module says why); `--plain-moto` runs it unpatched.
 
 Run: .venv/bin/python -m benchmarks.bench_aws [--quick] [--ops 1000] [--ops-other 200] [--concurrency 8,32,64]
-Writes benchmarks/results/aws.json.
+     .venv/bin/python -m benchmarks.bench_aws --only listing [--paging-volumes 10000] [--page 200]
+Writes benchmarks/results/aws.json (`--only listing` replaces its `paging` figures and keeps the rest).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -42,7 +46,16 @@ from typing import Any
 import grpc
 
 from benchmarks.bench_controller import wait_ready
-from benchmarks.common import Progress, load_average, percentile, start_driver, stop_driver, write_result
+from benchmarks.common import (
+    REPO,
+    Progress,
+    load_average,
+    merge_result,
+    percentile,
+    start_driver,
+    stop_driver,
+    write_result,
+)
 from csi._proto import csi_pb2, csi_pb2_grpc
 from csi.backends.aws import AwsBackend
 from csi.backends.aws import params as P
@@ -68,13 +81,14 @@ def free_port() -> int:
 
 
 @contextmanager
-def moto_process() -> Iterator[str]:
-    """A fresh moto server in its own process (its own interpreter lock); yields its endpoint."""
+def moto_process(module: str = "moto.server") -> Iterator[str]:
+    """A fresh moto server in its own process (its own interpreter lock); yields its endpoint. `module`
+    is moto.server, or benchmarks.moto_at_scale: the same server, fast with 10,000 tagged volumes."""
     port = free_port()
     env = {**os.environ, "MOTO_EC2_LOAD_DEFAULT_AMIS": "false"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [sys.executable, "-m", module, "-H", "127.0.0.1", "-p", str(port)],
+        env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     endpoint = f"http://127.0.0.1:{port}"
     try:
@@ -202,43 +216,67 @@ def scale_run(
     }
 
 
-def paging_run(volumes: int, max_entries: int) -> dict[str, Any]:
+def make_listed_volumes(ec2: Any, volumes: int, clients: int = 4) -> None:
+    """`volumes` volumes tagged as the driver tags them, made straight in moto by a few concurrent
+    clients (the listing is measured, not this)."""
+    bar = Progress(volumes, f"aws paging: make {volumes}")
+    drawing = threading.Lock()
+
+    def make(i: int) -> None:
+        ec2.create_volume(
+            AvailabilityZone=ZONE, Size=1,
+            TagSpecifications=[{"ResourceType": "volume",
+                                "Tags": [{"Key": P.TAG_VOLUME_NAME, "Value": f"pvc-{i:05d}"}]}],
+        )  # fmt: skip
+        with drawing:
+            bar.step()
+
+    with futures.ThreadPoolExecutor(clients) as pool:
+        list(pool.map(make, range(volumes)))
+
+
+def page_through(
+    backend: AwsBackend, proxy: MotoProxy, mode: str, volumes: int, max_entries: int
+) -> dict[str, Any]:
+    """One listing from the first page to the last, `before` (a full sweep per page, `base.seek_page`,
+    the pre-issue-17 algorithm) or `after` (listing.py); its pages and DescribeVolumes calls."""
+    proxy.calls.clear()
+    bar = Progress(-(-volumes // max_entries), f"aws paging: {mode}")
+    seen, pages, token = 0, 0, ""
+    started = time.perf_counter()
+    while True:
+        if mode == "before":
+            page = seek_page(backend._listed(), lambda v: str(v["VolumeId"]), max_entries, token)
+        else:
+            page = backend._listings.page(max_entries, token)
+        seen += len(page.items)
+        pages += 1
+        token = page.next_token
+        bar.step(note=f"{proxy.calls['DescribeVolumes']} DescribeVolumes")
+        if not token:
+            break
+    return {
+        "pages": pages,
+        "listed": seen,
+        "describe_volumes_calls": proxy.calls["DescribeVolumes"],
+        "seconds": round(time.perf_counter() - started, 2),
+    }
+
+
+def paging_run(volumes: int, max_entries: int, moto: str = "benchmarks.moto_at_scale") -> dict[str, Any]:
     """EC2 calls to page ListVolumes through `volumes` volumes, `max_entries` a page, before and after."""
-    with moto_process() as moto, running_proxy(moto) as proxy:
-        ec2 = make_client(moto, ACCOUNT)
-        bar = Progress(volumes, f"aws paging: {volumes} volumes")
-        batch = 200
-        for start in range(0, volumes, batch):  # made straight in moto: the listing is measured, not this
-            for i in range(start, min(volumes, start + batch)):
-                ec2.create_volume(
-                    AvailabilityZone=ZONE, Size=1,
-                    TagSpecifications=[{"ResourceType": "volume",
-                                        "Tags": [{"Key": P.TAG_VOLUME_NAME, "Value": f"pvc-{i:05d}"}]}],
-                )  # fmt: skip
-            bar.step(min(batch, volumes - start))
+    with moto_process(moto) as endpoint, running_proxy(endpoint) as proxy:
+        make_listed_volumes(make_client(endpoint, ACCOUNT), volumes)
         backend = AwsBackend(make_client(proxy.endpoint, ACCOUNT), zone=ZONE, node_id="", imds=None)
         try:
-            figures: dict[str, Any] = {"volumes": volumes, "max_entries": max_entries}
+            figures: dict[str, Any] = {
+                "volumes": volumes,
+                "max_entries": max_entries,
+                "ec2_page": backend.ec2.page_size,
+                "moto": moto,
+            }
             for mode in ("before", "after"):
-                proxy.calls.clear()
-                seen, pages, token = 0, 0, ""
-                started = time.perf_counter()
-                while True:
-                    if mode == "before":
-                        page = seek_page(backend._listed(), lambda v: str(v["VolumeId"]), max_entries, token)
-                    else:
-                        page = backend._listings.page(max_entries, token)
-                    seen += len(page.items)
-                    pages += 1
-                    token = page.next_token
-                    if not token:
-                        break
-                figures[mode] = {
-                    "pages": pages,
-                    "listed": seen,
-                    "describe_volumes_calls": proxy.calls["DescribeVolumes"],
-                    "seconds": round(time.perf_counter() - started, 2),
-                }
+                figures[mode] = page_through(backend, proxy, mode, volumes, max_entries)
         finally:
             backend.close()
     return figures
@@ -254,14 +292,27 @@ def main() -> None:
     parser.add_argument("--ops", type=int, default=1000, help="operations at the highest concurrency")
     parser.add_argument("--ops-other", type=int, default=200, help="operations at the other levels")
     parser.add_argument("--concurrency", default="8,32,64")
-    parser.add_argument("--paging-volumes", type=int, default=2000)
+    parser.add_argument("--paging-volumes", type=int, default=10_000)
     parser.add_argument("--page", type=int, default=200, help="ListVolumes max_entries")
+    parser.add_argument(
+        "--only", choices=["listing"],
+        help="run only the ListVolumes paging, and put its figures into the existing aws.json",
+    )  # fmt: skip
+    parser.add_argument(
+        "--plain-moto", action="store_true",
+        help="page against moto.server as installed instead of benchmarks.moto_at_scale (only a few "
+        "thousand volumes are feasible: one DescribeVolumes costs moto O(volumes²))",
+    )  # fmt: skip
     args = parser.parse_args()
     ops, other = (40, 40) if args.quick else (args.ops, args.ops_other)
     volumes, page = (300, 50) if args.quick else (args.paging_volumes, args.page)
+    moto = "moto.server" if args.plain_moto else "benchmarks.moto_at_scale"
+    load_before = load_average()
+    if args.only == "listing":
+        merge_result("aws", "paging", paging_run(volumes, page, moto), load_before)
+        return
     levels = [8, 64] if args.quick else sorted(int(c) for c in args.concurrency.split(","))
     top = levels[-1]
-    load_before = load_average()
     figures: dict[str, Any] = {
         "setup": {
             "moto": "moto.server in its own process, behind tests/motoproxy.py",
@@ -282,7 +333,7 @@ def main() -> None:
         throttled = scale_run(work, ops, top, WINDOW, throttle=0.1, label="aws throttled 10%")
         figures["throttled"] = {**throttled, "rate": 0.1, "target_failed": 0, "met": throttled["failed"] == 0}
         write_result("aws", figures, load_before)
-    figures["paging"] = paging_run(volumes, page)
+    figures["paging"] = paging_run(volumes, page, moto)
     on_top = next(r for r in figures["scale"] if r["concurrency"] == top and r["batch_window_s"] > 0)
     figures["describe_target_met"] = on_top["describe_calls_per_op"] <= TARGET_DESCRIBES
     figures["complete"] = True

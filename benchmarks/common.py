@@ -162,12 +162,9 @@ class Progress:
         self._stream.flush()
 
 
-def write_result(name: str, figures: dict[str, Any], load_before: list[float] | None = None) -> Path:
-    """benchmarks/results/<name>.json: the figures with when, where, the command that made them and the
-    load average before (if given) and after the run."""
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    doc = {
-        "benchmark": name,
+def _provenance(load_before: list[float] | None) -> dict[str, Any]:
+    """When, where, the command that is running and the load average before (if given) and now."""
+    return {
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "command": " ".join(["python -m", f"benchmarks.{Path(sys.argv[0]).stem}", *sys.argv[1:]]),
         "host": {
@@ -178,9 +175,28 @@ def write_result(name: str, figures: dict[str, Any], load_before: list[float] | 
             "load_before": load_before,
             "load_after": load_average(),
         },
-        "figures": figures,
     }
+
+
+def write_result(name: str, figures: dict[str, Any], load_before: list[float] | None = None) -> Path:
+    """benchmarks/results/<name>.json: the figures with when, where, the command that made them and the
+    load average before (if given) and after the run."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    doc = {"benchmark": name, **_provenance(load_before), "figures": figures}
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps(doc, indent=2) + "\n")
     print(json.dumps(doc, indent=2))
+    return path
+
+
+def merge_result(
+    name: str, key: str, figures: dict[str, Any], load_before: list[float] | None = None
+) -> Path:
+    """Replace figures[key] of the existing benchmarks/results/<name>.json by `figures`, which carry their
+    own `run` (when, where, command) while the rest of the file keeps the run that made it."""
+    path = RESULTS / f"{name}.json"
+    doc = json.loads(path.read_text())
+    doc["figures"][key] = {**figures, "run": _provenance(load_before)}
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+    print(json.dumps(doc["figures"][key], indent=2))
     return path

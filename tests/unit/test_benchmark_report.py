@@ -148,3 +148,34 @@ def test_the_durable_floor_splits_the_overhead_into_system_calls_and_driver_code
     assert f"{over['concurrency_1'] - total:.2f} ms the driver's own code" in section
     assert ("cannot be met on this machine" in section) is beyond_reach
     assert f"cost {total:.2f} ms of CPU by themselves" in page.split("## Targets (issue 17)")[1]
+
+
+def _paging_row(results: Path, tmp_path: Path, volumes: int, after: int) -> str:
+    path = results / "aws.json"
+    doc = json.loads(path.read_text())
+    pages = -(-volumes // 200)
+    doc["figures"]["paging"] = {
+        "volumes": volumes,
+        "max_entries": 200,
+        "ec2_page": 500,
+        "moto": "benchmarks.moto_at_scale",
+        "before": {"pages": pages, "listed": volumes, "describe_volumes_calls": 1050, "seconds": 1.0},
+        "after": {"pages": pages, "listed": volumes, "describe_volumes_calls": after, "seconds": 1.0},
+    }
+    path.write_text(json.dumps(doc))
+    page = render(results, tmp_path, plots=False)
+    return next(line for line in page.splitlines() if line.startswith("| EC2 calls to page ListVolumes"))
+
+
+@pytest.mark.parametrize(
+    ("volumes", "after", "cell"),
+    [
+        pytest.param(10_000, 21, "met", id="one-sweep-at-10000"),
+        pytest.param(10_000, 42, "**missed**: 42 calls after, more than one sweep (21)", id="two-sweeps"),
+        pytest.param(2_000, 5, "**missed**: measured at 2,000, not 10,000", id="too-few-volumes"),
+    ],
+)
+def test_the_paging_target_is_met_only_by_one_sweep_through_10000_volumes(
+    results: Path, tmp_path: Path, volumes: int, after: int, cell: str
+) -> None:
+    assert _paging_row(results, tmp_path, volumes, after).endswith(f" after | {cell} |")
