@@ -444,9 +444,14 @@ def _stage_reason(node: Result, fs: str) -> str:
     """Why stage - mkfs misses: what mount(2) alone costs, in the stage and inside the kernel."""
     mount = node.num(f"{fs}.stage_steps_ms.mount(2)")
     floor = node.num(f"{fs}.tool_floor_steps.mount.median_ms")
+    steps = node.get(f"{fs}.stage_steps_ms")
+    beyond = {k: v for k, v in steps.items() if k not in ("mkfs", "total")}
     reason = (
         f"mount(2) of a fresh {fs} alone takes {mount:.1f} ms (the tool floor's `mount` program, "
-        f"its start included: {floor:.1f} ms)"
+        f"its start included: {floor:.1f} ms); the traced stage spends "
+        f"{steps['total'] - steps['mkfs']:.1f} ms beyond mkfs ("
+        + ", ".join(f"{k.split(' (')[0]} {v:.2f}" for k, v in beyond.items())
+        + "); the rest of the figure is the RPC and the spread between runs"
     )
     a = _anatomy(node, fs)
     if "total" in a:
