@@ -147,10 +147,13 @@ def _one(inst: Path, workdir: Path, fs: str, i: int) -> tuple[dict[str, float] |
         t = time.perf_counter()
         try:
             mounter.mount(device, str(mnt), fs, [])
-        finally:
             wall = time.perf_counter() - t
-            (inst / "tracing_on").write_text("0")
-        mounter.unmount(str(mnt))
+        finally:  # unmounted even when stopping the trace fails: a run leaves no mount behind
+            try:
+                (inst / "tracing_on").write_text("0")
+            finally:
+                if os.path.ismount(mnt):
+                    mounter.unmount(str(mnt))
         text = (inst / "trace").read_text()
     finally:
         _run("losetup", "-d", device)
