@@ -8,6 +8,8 @@ Contracts:
   for every file in a directory.
 - `detach_file(file)` unbinds every loop device backed by `file`. Idempotent: none -> no-op. A device
   still open elsewhere (mounted) is unbound by the kernel when its last user closes it.
+- `maps(dev, file)` is True when `dev` is bound to `file` itself (the same inode, not merely the same
+  path name), read with one ioctl.
 - `backing_file(dev)` / `device_size(dev)` / `refresh_capacity(dev)` inspect or resize one device
   (`device_size` is csi.devices', offered here so the local backend needs this one module).
 
@@ -57,6 +59,7 @@ __all__ = [
     "bound",
     "detach_file",
     "device_size",
+    "maps",
     "refresh_capacity",
 ]
 
@@ -126,14 +129,23 @@ def _status(device: str) -> LoopInfo64 | None:
         os.close(fd)
 
 
+def _same_inode(info: LoopInfo64 | None, st: os.stat_result) -> bool:
+    return info is not None and info.lo_inode == st.st_ino and info.lo_device == st.st_dev
+
+
 def _devices_for(st: os.stat_result) -> list[str]:
     """Bound loop devices whose backing inode is (st_dev, st_ino)."""
-    found = []
-    for device in _bound_devices():
-        info = _status(device)
-        if info is not None and info.lo_inode == st.st_ino and info.lo_device == st.st_dev:
-            found.append(device)
-    return found
+    return [device for device in _bound_devices() if _same_inode(_status(device), st)]
+
+
+def maps(device: str, backing_file: str) -> bool:
+    """True when `device` is bound to `backing_file`'s inode; False when it is unbound, bound to another
+    file, or the file is gone."""
+    try:
+        st = os.stat(backing_file)
+    except FileNotFoundError:
+        return False
+    return _same_inode(_status(device), st)
 
 
 def devices_of(backing_file: str) -> list[str]:

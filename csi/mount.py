@@ -132,6 +132,8 @@ _ESCAPE = re.compile(r"\\([0-7]{3})")
 
 
 def _unescape(text: str) -> str:
+    if "\\" not in text:  # the common case: nothing escaped
+        return text
     return _ESCAPE.sub(lambda m: chr(int(m.group(1), 8)), text)
 
 

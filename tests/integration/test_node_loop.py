@@ -47,6 +47,24 @@ def test_attach_gives_distinct_files_distinct_devices(backing: str, tmp_path: Pa
         loop.detach_file(str(other))
 
 
+def test_maps_is_true_for_the_bound_inode_only(backing: str, tmp_path: Path) -> None:
+    device = loop.attach(backing)
+    alias = tmp_path / "alias.img"
+    alias.symlink_to(backing)
+    assert loop.maps(device, backing) and loop.maps(device, str(alias))
+    impostor = tmp_path / "impostor.img"
+    os.rename(backing, impostor)  # same path name, another inode behind it
+    with open(backing, "wb") as fh:
+        fh.truncate(32 * MiB)
+    try:
+        assert not loop.maps(device, backing)
+        assert loop.maps(device, str(impostor))
+    finally:
+        loop.detach_file(str(impostor))
+    assert not loop.maps(device, str(impostor))  # unbound
+    assert not loop.maps(device, str(tmp_path / "gone.img"))
+
+
 def test_refresh_capacity_picks_up_a_grown_file(backing: str) -> None:
     device = loop.attach(backing)
     assert loop.device_size(device) == 32 * MiB

@@ -53,6 +53,9 @@ class FakeLoop:
     def backing_file(self, device: str) -> str | None:
         return self.lie or self.devices.get(device)
 
+    def maps(self, device: str, backing_file: str) -> bool:
+        return self.backing_file(device) == backing_file
+
     def refresh_capacity(self, device: str) -> None:
         self.refreshed.append(device)
         self.sizes[device] = os.stat(self.devices[device]).st_size

@@ -1,9 +1,9 @@
 """The node side of the local backend: a volume's loop device, attached over its backing file.
 
 `resolve` attaches (or reuses) a loop device, refreshes its size when the file grew, and proves the
-device maps that file before returning it; `prepared` does the same for a device already bound, binding
-nothing; `release` detaches every loop device over the file. The loop module is injectable (csi.loop by
-default, imported on first use) so unit tests need no root.
+device maps that file (the same inode) before returning it; `prepared` does the same for a device
+already bound, binding nothing; `release` detaches every loop device over the file. The loop module
+is injectable (csi.loop by default, imported on first use) so unit tests need no root.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ class LoopDevices:
     def resolve(self, volume_id: str, path: str, size: int, publish_context: Mapping[str, str]) -> str:
         """The verified loop device of the volume whose backing file is `path` and size `size`."""
         expected = publish_context.get(keys.PC_VOLUME_FILE)
-        if expected and os.path.realpath(expected) != os.path.realpath(path):
+        if expected and expected != path and os.path.realpath(expected) != os.path.realpath(path):
             raise FailedPreconditionError(
                 f"publish context names {expected!r}, but volume {volume_id} lives in {path}"
             )
@@ -53,8 +53,8 @@ class LoopDevices:
     def _verified(self, loop: Any, volume_id: str, device: str, path: str, size: int) -> str:
         if loop.device_size(device) < size:
             loop.refresh_capacity(device)
-        backing = loop.backing_file(device)
-        if backing is None or os.path.realpath(backing) != os.path.realpath(path):
+        if not loop.maps(device, path):
+            backing = loop.backing_file(device)
             raise FailedPreconditionError(f"loop device {device} maps {backing!r}, not volume {volume_id}")
         return device
 
