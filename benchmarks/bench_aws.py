@@ -263,7 +263,7 @@ def page_through(
     }
 
 
-def paging_run(volumes: int, max_entries: int, moto: str = "benchmarks.moto_at_scale") -> dict[str, Any]:
+def paging_run(volumes: int, max_entries: int, moto: str) -> dict[str, Any]:
     """EC2 calls to page ListVolumes through `volumes` volumes, `max_entries` a page, before and after."""
     with moto_process(moto) as endpoint, running_proxy(endpoint) as proxy:
         make_listed_volumes(make_client(endpoint, ACCOUNT), volumes)

@@ -179,3 +179,31 @@ def test_the_paging_target_is_met_only_by_one_sweep_through_10000_volumes(
     results: Path, tmp_path: Path, volumes: int, after: int, cell: str
 ) -> None:
     assert _paging_row(results, tmp_path, volumes, after).endswith(f" after | {cell} |")
+
+
+@pytest.mark.parametrize(
+    ("mount_ms", "beyond_reach"),
+    [
+        pytest.param(1.1, False, id="mount-within-the-allowance"),
+        pytest.param(3.8, True, id="mount-alone-over-the-allowance"),
+    ],
+)
+def test_a_missed_stage_says_whether_mount_alone_exceeds_the_allowance(
+    results: Path, tmp_path: Path, mount_ms: float, beyond_reach: bool
+) -> None:
+    path = results / "node.json"
+    doc = json.loads(path.read_text())
+    ext4 = doc["figures"]["ext4"]
+    ext4["stage_minus_mkfs_ms"], ext4["stage_target_met"] = 3.5, False
+    steps = ext4["stage_steps_ms"]
+    steps["total"] += mount_ms - steps["mount(2)"]
+    steps["mount(2)"] = mount_ms
+    path.write_text(json.dumps(doc))
+    page = render(results, tmp_path, plots=False)
+    row = next(line for line in page.splitlines() if line.startswith("| NodeStageVolume - mkfs, ext4"))
+    assert f"mount(2) of a fresh ext4 alone takes {mount_ms:.1f} ms" in row
+    assert ("more than the whole allowance by itself" in row) is beyond_reach
+    beyond = sum(v for k, v in steps.items() if k not in ("mkfs", "mount(2)", "total"))
+    assert f"beyond mkfs and mount(2) the traced stage spends {beyond:.1f} ms (" in row
+    listed = row.split("the traced stage spends")[1].split(")")[0]
+    assert "resolve device" in listed and "mount(2)" not in listed
