@@ -3,7 +3,8 @@ what a filesystem on them reports. Every node-side stager uses these; nothing he
 
 Contracts:
 - `rdev(path)` raises FailedPreconditionError when `path` is not a block device.
-- `belongs(numbers, device)` is True for the device itself and for its partitions; never raises.
+- `family(device)` is the device's numbers and its partitions'; `belongs(numbers, device)` is True for
+  the device itself and for its partitions. Neither raises.
 - `fs_size` reads a superblock and returns None rather than guessing.
 """
 
@@ -45,20 +46,35 @@ def is_block_device(path: str) -> bool:
         return False
 
 
+def family(device: str) -> frozenset[DeviceNumbers]:
+    """Device numbers of `device` and of each of its partitions: read once, then every entry of a mount
+    table is checked by a set lookup. Empty when `device` is not a block device or is gone; never raises."""
+    try:
+        own = rdev(device)
+    except (OSError, FailedPreconditionError):
+        return frozenset()
+    members = {own}
+    sys_dir = f"/sys/dev/block/{own[0]}:{own[1]}"
+    try:
+        entries = os.listdir(sys_dir)
+    except OSError:
+        return frozenset(members)
+    disk = os.path.basename(os.path.realpath(sys_dir))
+    for entry in entries:  # partitions are subdirectories named after the disk: loop0p1, vda1
+        if not entry.startswith(disk) or not os.path.exists(f"{sys_dir}/{entry}/partition"):
+            continue
+        try:
+            with open(f"{sys_dir}/{entry}/dev", encoding="ascii") as fh:
+                major, minor = fh.read().split(":")
+        except (OSError, ValueError):
+            continue  # the partition went away meanwhile
+        members.add((int(major), int(minor)))
+    return frozenset(members)
+
+
 def belongs(numbers: DeviceNumbers, device: str) -> bool:
     """True when device numbers `numbers` are `device` or one of its partitions."""
-    if numbers[0] == 0:  # an unnamed device (tmpfs, proc, overlay...): no block device, no partition
-        return False
-    try:
-        if numbers == rdev(device):
-            return True
-    except (OSError, FailedPreconditionError):
-        return False
-    sys_path = os.path.realpath(f"/sys/dev/block/{numbers[0]}:{numbers[1]}")
-    parent = os.path.basename(os.path.dirname(sys_path))
-    return os.path.exists(os.path.join(sys_path, "partition")) and parent == os.path.basename(
-        os.path.realpath(device)
-    )
+    return numbers[0] != 0 and numbers in family(device)  # major 0: tmpfs, proc, overlay... no device
 
 
 def whole_device(device: str) -> str:

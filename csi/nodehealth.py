@@ -99,9 +99,10 @@ class NodeHealth:
     def _filesystems(self, device: str, mounts: list[MountInfo]) -> Iterator[Issue]:
         """Issues of each filesystem of the device mounted under the allowed roots (once each)."""
         seen: set[tuple[int, int]] = set()
+        members = devices.family(device)
         for m in mounts:
             numbers = (m.major, m.minor)
-            if numbers in seen or m.fs_type == "devtmpfs" or not devices.belongs(numbers, device):
+            if numbers in seen or m.fs_type == "devtmpfs" or numbers not in members:
                 continue
             if not paths.under_roots(m.mount_point, self._roots):
                 continue

@@ -133,8 +133,9 @@ class Stager:
         """After a failed stage: release the device unless a mount still uses it."""
         whole = devices.whole_device(device)
         dev_numbers, dev_root = devices.devtmpfs_numbers(whole)
+        members = devices.family(whole)
         for m in self._mounter.mounts():
-            if devices.belongs((m.major, m.minor), whole) or (
+            if (m.major, m.minor) in members or (
                 (m.major, m.minor) == dev_numbers and m.root.startswith(dev_root)
             ):
                 return
@@ -179,7 +180,8 @@ class Stager:
             return
         if os.path.lexists(staging) and not os.path.isdir(staging):
             raise FailedPreconditionError(f"staging_target_path {staging} exists and is not a directory")
-        elsewhere = [m.mount_point for m in table if devices.belongs((m.major, m.minor), device)]
+        members = devices.family(device)
+        elsewhere = [m.mount_point for m in table if (m.major, m.minor) in members]
         if elsewhere:  # fsck or mkfs of a mounted device would fail with a misleading message
             raise FailedPreconditionError(
                 f"{device} is already mounted at {elsewhere[0]}; a volume is staged at one path per node, "

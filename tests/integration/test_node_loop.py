@@ -11,9 +11,11 @@ from typing import Any
 
 import pytest
 
-from csi import loop
+from csi import devices, loop
 from csi.failures import NotFoundError
+from csi.mount import Mounter
 from tests.conftest import require_root
+from tests.integration.conftest import write_mbr
 
 MiB = 1024**2
 
@@ -63,6 +65,30 @@ def test_maps_is_true_for_the_bound_inode_only(backing: str, tmp_path: Path) -> 
         loop.detach_file(str(impostor))
     assert not loop.maps(device, str(impostor))  # unbound
     assert not loop.maps(device, str(tmp_path / "gone.img"))
+
+
+def test_family_is_the_device_and_its_partitions(backing: str, tmp_path: Path) -> None:
+    write_mbr(backing, 2048, 8 * MiB // 512)
+    device = loop.attach(backing)
+    part = devices.partition_path(device, 1)
+    Mounter().add_partitions(device)  # as staging does where the kernel's own scan made no node
+    assert os.path.exists(part)
+    other = tmp_path / "other.img"
+    other.write_bytes(b"\0" * MiB)
+    try:
+        stranger = loop.attach(str(other))
+        members = devices.family(device)
+        assert members == {devices.rdev(device), devices.rdev(part)}
+        assert devices.family(part) == {devices.rdev(part)}, "a partition has no partitions of its own"
+        assert devices.rdev(stranger) not in members
+        assert devices.belongs(devices.rdev(part), device) and not devices.belongs(
+            devices.rdev(part), stranger
+        )
+        assert not devices.belongs((0, devices.rdev(device)[1]), device), "major 0 is never a device"
+        assert devices.family(backing) == frozenset(), "a regular file is no block device"
+        assert devices.family(str(tmp_path / "gone")) == frozenset()
+    finally:
+        loop.detach_file(str(other))
 
 
 def test_refresh_capacity_picks_up_a_grown_file(backing: str) -> None:

@@ -77,8 +77,9 @@ class LocalQuiescer:
                 "writes to a block device cannot be frozen"
             )
         points: dict[tuple[int, int], str] = {}
+        members = devices.family(device)
         for m in mounts:
-            if not m.readonly and devices.belongs((m.major, m.minor), device):
+            if not m.readonly and (m.major, m.minor) in members:
                 points.setdefault((m.major, m.minor), m.mount_point)  # one per filesystem
         return list(points.values()), ""
 
@@ -126,11 +127,13 @@ def thaw_staged(volumes_dir: str, mounter: Mounter, loop: Any) -> list[str]:
     """Thaw every filesystem staged on a loop device over a file in `volumes_dir` that is frozen (a
     process killed while it held a group snapshot's members). Returns the mount points it thawed."""
     thawed = []
-    bound = loop.backed_under(volumes_dir)
+    members: set[tuple[int, int]] = set()
+    for device in loop.backed_under(volumes_dir):
+        members |= devices.family(device)
     seen: set[tuple[int, int]] = set()
     for m in mounter.mounts():
         numbers = (m.major, m.minor)
-        if numbers in seen or not any(devices.belongs(numbers, d) for d in bound):
+        if numbers in seen or numbers not in members:
             continue
         seen.add(numbers)
         try:
