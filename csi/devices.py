@@ -74,7 +74,14 @@ def family(device: str) -> frozenset[DeviceNumbers]:
 
 def belongs(numbers: DeviceNumbers, device: str) -> bool:
     """True when device numbers `numbers` are `device` or one of its partitions."""
-    return numbers[0] != 0 and numbers in family(device)  # major 0: tmpfs, proc, overlay... no device
+    if numbers[0] == 0:  # an unnamed device (tmpfs, proc, overlay...): no block device, no partition
+        return False
+    try:
+        if numbers == rdev(device):  # the common case, without listing sysfs
+            return True
+    except (OSError, FailedPreconditionError):
+        return False
+    return numbers in family(device)
 
 
 def whole_device(device: str) -> str:
