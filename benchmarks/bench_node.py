@@ -2,15 +2,18 @@
 
 Driver cycle, over the real socket: CreateVolume, ControllerPublishVolume, NodeStageVolume (loop
 device, blank check, mkfs, mount), NodePublishVolume (bind), NodeUnpublishVolume, NodeUnstageVolume
-(unmount, detach), ControllerUnpublishVolume, DeleteVolume; every call timed.
+(unmount, detach), ControllerUnpublishVolume, DeleteVolume; every call timed. As a CO does, the client
+makes staging_target_path and the parent of target_path before it calls.
 Tool floor: `truncate -s 1G`, `losetup --find --show`, `mkfs.<fs> -q`, `mount`, `umount`, `losetup -d`
-on a fresh file, each program timed. Driver and floor alternate, round by round, for ext4 and xfs.
+on a fresh file, each program timed. Driver, floor and the traced stage take turns, round by round,
+for ext4 and xfs.
 
 Targets (issue 17): cycle median <= 1.2x the floor's; NodeStageVolume median <= the floor's mkfs median
-+ 3 ms. Then one stage is traced step by step in-process (the same Stager and backend the driver runs,
-each step timed) to show where stage spends what it spends beyond mkfs, and mount(2) of a fresh
-filesystem made by the plain tool is split into its phases from the kernel's tracepoints
-(benchmarks/mount_trace.py).
++ 3 ms. In the same rounds a stage is traced step by step in-process (the same Stager and backend the
+driver runs, each step timed) to show where stage spends what it spends beyond mkfs, and an RPC that
+does nothing (NodeGetCapabilities) is timed on the cycle's channel: what the client and gRPC add to
+each call. Afterwards mount(2) of a fresh filesystem made by the plain tool is split into its phases
+from the kernel's tracepoints (benchmarks/mount_trace.py).
 Needs root. Run: .venv/bin/python -m benchmarks.bench_node [--quick] [--runs 15]
 Writes benchmarks/results/node.json.
 """
@@ -83,8 +86,13 @@ def driver_cycle(channel: grpc.Channel, kubelet: Path, fs: str, i: int) -> dict[
     """One fresh volume through the whole cycle; seconds per call and in total."""
     controller, node = csi_pb2_grpc.ControllerStub(channel), csi_pb2_grpc.NodeStub(channel)
     cap = capability(fs)
-    staging = str(kubelet / "plugins" / f"{fs}-{i}" / "globalmount")
-    target = str(kubelet / "pods" / f"{fs}-{i}" / "mount")
+    staging = kubelet / "plugins" / f"{fs}-{i}" / "globalmount"
+    target = kubelet / "pods" / f"{fs}-{i}" / "mount"
+    # What the CO does before calling (CSI spec): it creates staging_target_path, and the parent of
+    # target_path; the driver creates target_path itself. The tool floor, too, makes its mount point
+    # before timing.
+    staging.mkdir(parents=True)
+    target.parent.mkdir(parents=True)
     times: dict[str, float] = {}
     state: dict[str, Any] = {}
 
@@ -103,16 +111,16 @@ def driver_cycle(channel: grpc.Channel, kubelet: Path, fs: str, i: int) -> dict[
     publish = csi_pb2.ControllerPublishVolumeRequest(volume_id=vid, node_id=NODE_ID, volume_capability=cap)
     pc = call("controller publish", lambda: controller.ControllerPublishVolume(publish)).publish_context
     stage = csi_pb2.NodeStageVolumeRequest(
-        volume_id=vid, staging_target_path=staging, volume_capability=cap, publish_context=pc
+        volume_id=vid, staging_target_path=str(staging), volume_capability=cap, publish_context=pc
     )
     call("stage", lambda: node.NodeStageVolume(stage))
     pub = csi_pb2.NodePublishVolumeRequest(
-        volume_id=vid, staging_target_path=staging, target_path=target, volume_capability=cap
+        volume_id=vid, staging_target_path=str(staging), target_path=str(target), volume_capability=cap
     )
     call("publish", lambda: node.NodePublishVolume(pub))
-    unpub = csi_pb2.NodeUnpublishVolumeRequest(volume_id=vid, target_path=target)
+    unpub = csi_pb2.NodeUnpublishVolumeRequest(volume_id=vid, target_path=str(target))
     call("unpublish", lambda: node.NodeUnpublishVolume(unpub))
-    unstage = csi_pb2.NodeUnstageVolumeRequest(volume_id=vid, staging_target_path=staging)
+    unstage = csi_pb2.NodeUnstageVolumeRequest(volume_id=vid, staging_target_path=str(staging))
     call("unstage", lambda: node.NodeUnstageVolume(unstage))
     detach = csi_pb2.ControllerUnpublishVolumeRequest(volume_id=vid, node_id=NODE_ID)
     call("controller unpublish", lambda: controller.ControllerUnpublishVolume(detach))
@@ -121,53 +129,79 @@ def driver_cycle(channel: grpc.Channel, kubelet: Path, fs: str, i: int) -> dict[
     return times
 
 
-def traced_stage(workdir: Path, fs: str, runs: int) -> dict[str, float]:
-    """Median milliseconds per step of NodeStageVolume's work, in-process: the driver's own Stager,
-    local backend and Mounter, with each OS-facing step timed (everything else is 'other')."""
-    from csi import loop
-    from csi.backends.base import DiskOptions
-    from csi.backends.local.backend import LocalBackend
-    from csi.mount import Mounter
-    from csi.staging import Filesystem, Stager
+class TracedStage:
+    """NodeStageVolume's work in-process, one stage per `once()`: the driver's own Stager, local backend
+    and Mounter, with each OS-facing step timed (everything else is 'other'). Its stages run in the
+    same rounds as the RPC cycle and the tool floor, so its mkfs compares with theirs."""
 
-    backend = LocalBackend.open(str(workdir / f"trace-{fs}"), node_id=NODE_ID)
-    mounter = Mounter()
-    stager = Stager(backend, mounter, [str(workdir)], 2)
-    spent: dict[str, list[float]] = defaultdict(list)
-    clock: dict[str, float] = {}
-    wrapped = [
-        (backend, "resolve_device", "resolve device (loop attach + identity check)"),
-        (backend, "never_written", "blank check (backing file has no data)"),
-        (mounter, "probe", "blkid probe"),
-        (mounter, "mkfs", "mkfs"),
-        (mounter, "mount", "mount(2)"),
-        (mounter, "mounts", "mount table reads"),
-        (mounter, "mount_at", "mount table reads"),
-    ]
-    for obj, name, label in wrapped:
-        if hasattr(obj, name):
-            setattr(obj, name, _timed_step(getattr(obj, name), label, clock))
-    try:
-        for i in range(runs):
-            disk = backend.create_volume(f"trace-{fs}-{i}", DiskOptions(size_bytes=GiB))
-            pc = backend.attach(disk.id, NODE_ID, False)
-            staging = str(workdir / f"trace-{fs}-{i}")
-            clock.clear()
-            t = time.perf_counter()
-            stager.stage(disk.id, pc, 0, staging, Filesystem(fs, True, (), False, {}))
-            total = time.perf_counter() - t
-            for label, seconds in clock.items():
-                spent[label].append(seconds)
-            spent["other (Python, makedirs, checks)"].append(total - sum(clock.values()))
-            spent["total"].append(total)
-            stager.unstage(disk.id, staging)
-            backend.detach(disk.id, NODE_ID)
-            backend.delete_volume(disk.id)
-    finally:
-        backend.close()
-        for image in Path(workdir / f"trace-{fs}" / "volumes").glob("*.img"):
+    LABELS = (
+        ("backend", "resolve_device", "resolve device (loop attach + identity check)"),
+        ("backend", "never_written", "blank check (backing file has no data)"),
+        ("mounter", "probe", "blkid probe"),
+        ("mounter", "mkfs", "mkfs"),
+        ("mounter", "mount", "mount(2)"),
+        ("mounter", "mounts", "mount table reads"),
+        ("mounter", "mount_at", "mount table reads"),
+    )
+
+    def __init__(self, workdir: Path, fs: str) -> None:
+        from csi.backends.local.backend import LocalBackend
+        from csi.mount import Mounter
+        from csi.staging import Stager
+
+        self.workdir, self.fs = workdir, fs
+        self.backend = LocalBackend.open(str(workdir / f"trace-{fs}"), node_id=NODE_ID)
+        self.mounter = Mounter()
+        self.stager = Stager(self.backend, self.mounter, [str(workdir)], 2)
+        self.spent: dict[str, list[float]] = defaultdict(list)
+        self._clock: dict[str, float] = {}
+        owners = {"backend": self.backend, "mounter": self.mounter}
+        for owner, name, label in self.LABELS:
+            obj = owners[owner]
+            if hasattr(obj, name):
+                setattr(obj, name, _timed_step(getattr(obj, name), label, self._clock))
+
+    def once(self, i: int) -> None:
+        from csi.backends.base import DiskOptions
+        from csi.staging import Filesystem
+
+        disk = self.backend.create_volume(f"trace-{self.fs}-{i}", DiskOptions(size_bytes=GiB))
+        pc = self.backend.attach(disk.id, NODE_ID, False)
+        staging = str(self.workdir / f"trace-{self.fs}-{i}")
+        os.mkdir(staging)  # the CO's part, as in driver_cycle
+        self._clock.clear()
+        t = time.perf_counter()
+        self.stager.stage(disk.id, pc, 0, staging, Filesystem(self.fs, True, (), False, {}))
+        total = time.perf_counter() - t
+        clock = dict(self._clock)  # the stage's steps only, not the unstage's below
+        self.stager.unstage(disk.id, staging)
+        self.backend.detach(disk.id, NODE_ID)
+        self.backend.delete_volume(disk.id)
+        if i < 0:  # warm-up
+            return
+        for label, seconds in clock.items():
+            self.spent[label].append(seconds)
+        self.spent["other (Python, makedirs, checks)"].append(total - sum(clock.values()))
+        self.spent["total"].append(total)
+
+    def medians_ms(self) -> dict[str, float]:
+        return {label: round(statistics.median(s) * 1000, 3) for label, s in self.spent.items()}
+
+    def close(self) -> None:
+        from csi import loop
+
+        self.backend.close()
+        for image in Path(self.workdir / f"trace-{self.fs}" / "volumes").glob("*.img"):
             loop.detach_file(str(image))
-    return {label: round(statistics.median(s) * 1000, 3) for label, s in spent.items()}
+
+
+def round_trip(channel: grpc.Channel) -> float:
+    """Seconds for one RPC that does nothing on the node (NodeGetCapabilities): what the client and
+    gRPC add to every call, stage included."""
+    stub = csi_pb2_grpc.NodeStub(channel)
+    t = time.perf_counter()
+    stub.NodeGetCapabilities(csi_pb2.NodeGetCapabilitiesRequest())
+    return time.perf_counter() - t
 
 
 def _timed_step(fn: Callable[..., Any], label: str, clock: dict[str, float]) -> Callable[..., Any]:
@@ -184,31 +218,45 @@ def _timed_step(fn: Callable[..., Any], label: str, clock: dict[str, float]) -> 
 def measure(
     channel: grpc.Channel, workdir: Path, kubelet: Path, fs: str, runs: int, bar: Progress
 ) -> dict[str, Any]:
-    driver_cycle(channel, kubelet, fs, -1)  # warm-up (imports, first mkfs)
-    tool_floor(workdir, fs, -1)
-    driver: dict[str, list[float]] = defaultdict(list)
-    floor: dict[str, list[float]] = defaultdict(list)
-    for i in range(runs):
-        both: list[tuple[dict[str, list[float]], Callable[[int], dict[str, float]]]] = [
-            (driver, lambda n: driver_cycle(channel, kubelet, fs, n)),
-            (floor, lambda n: tool_floor(workdir, fs, n)),
-        ]
-        for into, run in both if i % 2 == 0 else both[::-1]:
-            for k, v in run(i).items():
-                into[k].append(v)
-        bar.step(note=fs)
+    traced = TracedStage(workdir, fs)
+    try:
+        driver_cycle(channel, kubelet, fs, -1)  # warm-up (imports, first mkfs)
+        tool_floor(workdir, fs, -1)
+        traced.once(-1)
+        driver: dict[str, list[float]] = defaultdict(list)
+        floor: dict[str, list[float]] = defaultdict(list)
+        empty: list[float] = []
+
+        def driver_run(n: int) -> None:
+            for k, v in driver_cycle(channel, kubelet, fs, n).items():
+                driver[k].append(v)
+            empty.append(round_trip(channel))
+
+        def floor_run(n: int) -> None:
+            for k, v in tool_floor(workdir, fs, n).items():
+                floor[k].append(v)
+
+        order: list[Callable[[int], None]] = [driver_run, floor_run, traced.once]
+        for i in range(runs):
+            for run in order[i % 3 :] + order[: i % 3]:  # each goes first as often as the others
+                run(i)
+            bar.step(note=fs)
+        steps = traced.medians_ms()
+    finally:
+        traced.close()
     ratio = statistics.median(driver["total"]) / statistics.median(floor["total"])
     stage_over = (statistics.median(driver["stage"]) - statistics.median(floor["mkfs"])) * 1000
     return {
         "driver_cycle": summary_ms(driver["total"]),
         "driver_calls": {k: summary_ms(v) for k, v in driver.items() if k != "total"},
+        "empty_rpc": summary_ms(empty),
         "tool_floor": summary_ms(floor["total"]),
         "tool_floor_steps": {k: summary_ms(v) for k, v in floor.items() if k != "total"},
         "ratio_median": round(ratio, 3),
         "stage_minus_mkfs_ms": round(stage_over, 3),
         "cycle_target_met": ratio <= TARGET_RATIO,
         "stage_target_met": stage_over <= TARGET_STAGE_OVER_MKFS_MS,
-        "stage_steps_ms": traced_stage(workdir, fs, max(3, runs // 3)),
+        "stage_steps_ms": steps,
         "mount_anatomy_ms": mount_anatomy(workdir, fs, max(3, runs // 3)),
     }
 
@@ -246,7 +294,8 @@ def main() -> int:
             "quick": args.quick,
             "volume": "1 GiB, fresh per run",
             "runs": runs,
-            "method": "driver cycle and tool floor alternate run by run; medians",
+            "method": "driver cycle, tool floor and traced stage take turns run by run, each first as "
+            "often; medians",
             **figures,
             "target_ratio": TARGET_RATIO,
             "target_stage_over_mkfs_ms": TARGET_STAGE_OVER_MKFS_MS,

@@ -207,3 +207,8 @@ def test_a_missed_stage_says_whether_mount_alone_exceeds_the_allowance(
     assert f"beyond mkfs and mount(2) the traced stage spends {beyond:.1f} ms (" in row
     listed = row.split("the traced stage spends")[1].split(")")[0]
     assert "resolve device" in listed and "mount(2)" not in listed
+    rpc = ext4["empty_rpc"]["median_ms"]
+    gap = steps["mkfs"] - ext4["tool_floor_steps"]["mkfs"]["median_ms"]
+    assert f"an RPC that does nothing takes {rpc:.1f} ms" in row
+    assert f"mkfs inside the traced stage took {gap:+.1f} ms against mkfs alone" in row
+    assert f"the rest, {3.5 - mount_ms - beyond - rpc - gap:+.1f} ms," in row
