@@ -170,13 +170,15 @@ class TracedStage:
         staging = str(self.workdir / f"trace-{self.fs}-{i}")
         os.mkdir(staging)  # the CO's part, as in driver_cycle
         self._clock.clear()
-        t = time.perf_counter()
-        self.stager.stage(disk.id, pc, 0, staging, Filesystem(self.fs, True, (), False, {}))
-        total = time.perf_counter() - t
-        clock = dict(self._clock)  # the stage's steps only, not the unstage's below
-        self.stager.unstage(disk.id, staging)
-        self.backend.detach(disk.id, NODE_ID)
-        self.backend.delete_volume(disk.id)
+        try:
+            t = time.perf_counter()
+            self.stager.stage(disk.id, pc, 0, staging, Filesystem(self.fs, True, (), False, {}))
+            total = time.perf_counter() - t
+            clock = dict(self._clock)  # the stage's steps only, not the unstage's below
+        finally:  # a failed stage leaves no mount or loop device behind (not staged: a no-op)
+            self.stager.unstage(disk.id, staging)
+            self.backend.detach(disk.id, NODE_ID)
+            self.backend.delete_volume(disk.id)
         if i < 0:  # warm-up
             return
         for label, seconds in clock.items():
