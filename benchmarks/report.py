@@ -532,7 +532,8 @@ def section_node(node: Result, plots: dict[str, str]) -> list[str]:
         "",
         f"Method: {node.get('method')}; {node.get('volume')}. Cycle: CreateVolume, ControllerPublish, "
         "NodeStage (loop device, blank check, mkfs, mount), NodePublish, NodeUnpublish, NodeUnstage, "
-        "ControllerUnpublish, DeleteVolume. Reference, same run: the tool floor `truncate -s 1G`, "
+        "ControllerUnpublish, DeleteVolume; as a CO does, the client makes the staging directory and "
+        "the target's parent before it calls. Reference, same run: the tool floor `truncate -s 1G`, "
         "`losetup --find --show`, `mkfs.<fs> -q`, `mount`, `umount`, `losetup -d`. Tools: "
         + ", ".join(f"{k} ({v})" for k, v in node.get("tools").items())
         + ".",
