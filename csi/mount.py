@@ -20,7 +20,7 @@ import os
 import re
 import shutil
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import NamedTuple, Protocol
 
 from csi.failures import DriverError
@@ -137,10 +137,21 @@ def _unescape(text: str) -> str:
     return _ESCAPE.sub(lambda m: chr(int(m.group(1), 8)), text)
 
 
+def _escape(path: str) -> str:
+    """`path` as mountinfo spells it (proc(5)): space, tab, newline and backslash as octal escapes."""
+    if not any(c in path for c in " \t\n\\"):  # the common case: nothing to escape
+        return path
+    return path.replace("\\", "\\134").replace(" ", "\\040").replace("\t", "\\011").replace("\n", "\\012")
+
+
 def parse_mountinfo(text: str) -> list[MountInfo]:
     """Parse mountinfo text (proc(5)); malformed lines are skipped."""
+    return _parse_lines(text.split("\n"))  # not splitlines(): a path may hold U+2028 or U+0085
+
+
+def _parse_lines(lines: Iterable[str]) -> list[MountInfo]:
     out = []
-    for line in text.splitlines():
+    for line in lines:
         fields = line.split(" ")
         try:
             sep = fields.index("-", 6)
@@ -239,14 +250,21 @@ class Mounter:
     # ---- mount table
 
     def mounts(self) -> list[MountInfo]:
+        return parse_mountinfo(self._table_text())
+
+    def _table_text(self) -> str:
         with open(self.mountinfo_path, encoding="utf-8", errors="surrogateescape") as fh:
-            return parse_mountinfo(fh.read())
+            return fh.read()
 
     def mount_at(self, path: str, table: Sequence[MountInfo] | None = None) -> MountInfo | None:
         """The top-most mount whose mount point is exactly `path`, or None; in `table` when given (a
-        mount table just read), else in the current one."""
+        mount table just read), else in the current one, of which only the lines that spell `path`
+        somewhere are parsed (a node with many pods has hundreds of lines)."""
+        if table is None:
+            token = f" {_escape(path)} "
+            table = _parse_lines(line for line in self._table_text().split("\n") if token in line)
         found = None
-        for entry in self.mounts() if table is None else table:
+        for entry in table:
             if entry.mount_point == path:
                 found = entry
         return found

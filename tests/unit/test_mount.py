@@ -191,6 +191,29 @@ def test_mount_at_returns_the_top_most_mount(tmp_path: Path) -> None:
     assert m.mount_at("/var/lib/kubelet/nothing") is None
 
 
+@pytest.mark.parametrize(
+    ("path", "source"),
+    [
+        pytest.param("/var/lib/kubelet/pods/p/volumes/a b/mount", "/dev/loop0", id="escaped-space"),
+        pytest.param("/mnt/back\\slash", "/dev/loop4", id="escaped-backslash"),
+        pytest.param("/mnt/line\u2028break", "/dev/loop5", id="unicode-line-separator"),
+        pytest.param("/var/lib/kubelet/named-as-root-only", None, id="path-only-as-another-mounts-root"),
+        pytest.param("/var/lib/kubelet/plugins/x", None, id="a-prefix-of-a-mount-point"),
+    ],
+)
+def test_mount_at_reads_only_lines_that_spell_the_path(tmp_path: Path, path: str, source: str | None) -> None:
+    text = (
+        MOUNTINFO
+        + "94 22 7:2 /var/lib/kubelet/named-as-root-only /mnt/other rw - ext4 /dev/loop2 rw\n"
+        + "95 22 7:4 / /mnt/back\\134slash rw - ext4 /dev/loop4 rw\n"
+        + "96 22 7:5 / /mnt/line\u2028break rw - ext4 /dev/loop5 rw\n"
+    )
+    m = fake_mounter(tmp_path, FakeRunner(), text)
+    found = m.mount_at(path)
+    assert (found.source if found else None) == source
+    assert m.mount_at(path, m.mounts()) == found, "the same answer as a search of the whole table"
+
+
 # ---------------------------------------------------------------- commands
 
 
