@@ -20,7 +20,7 @@ import os
 import re
 import shutil
 import subprocess
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import NamedTuple, Protocol
 
 from csi.failures import DriverError
@@ -146,7 +146,7 @@ def _escape(path: str) -> str:
 
 def parse_mountinfo(text: str) -> list[MountInfo]:
     """Parse mountinfo text (proc(5)); malformed lines are skipped."""
-    return _parse_lines(text.split("\n"))  # not splitlines(): a path may hold U+2028 or U+0085
+    return _parse_lines(text.split("\n"))
 
 
 def _parse_lines(lines: Iterable[str]) -> list[MountInfo]:
@@ -249,22 +249,22 @@ class Mounter:
 
     # ---- mount table
 
-    def mounts(self) -> list[MountInfo]:
-        return parse_mountinfo(self._table_text())
-
-    def _table_text(self) -> str:
+    def mounts(self, spelling: Collection[str] = ()) -> list[MountInfo]:
+        """The current mount table. With `spelling` (paths, or device numbers as "major:minor"), only
+        the entries whose line holds one of them as a whole field: a superset of those the caller then
+        matches exactly, without parsing the rest (a node with many pods has hundreds of lines)."""
         with open(self.mountinfo_path, encoding="utf-8", errors="surrogateescape") as fh:
-            return fh.read()
+            lines = fh.read().split("\n")  # not splitlines(): a path may hold U+2028 or U+0085
+        if not spelling:
+            return _parse_lines(lines)
+        tokens = [f" {_escape(s)} " for s in spelling]
+        return _parse_lines(line for line in lines if any(t in line for t in tokens))
 
     def mount_at(self, path: str, table: Sequence[MountInfo] | None = None) -> MountInfo | None:
         """The top-most mount whose mount point is exactly `path`, or None; in `table` when given (a
-        mount table just read), else in the current one, of which only the lines that spell `path`
-        somewhere are parsed (a node with many pods has hundreds of lines)."""
-        if table is None:
-            token = f" {_escape(path)} "
-            table = _parse_lines(line for line in self._table_text().split("\n") if token in line)
+        mount table just read), else in the current one."""
         found = None
-        for entry in table:
+        for entry in self.mounts((path,)) if table is None else table:
             if entry.mount_point == path:
                 found = entry
         return found
