@@ -214,6 +214,23 @@ def test_mount_at_reads_only_lines_that_spell_the_path(tmp_path: Path, path: str
     assert m.mount_at(path, m.mounts()) == found, "the same answer as a search of the whole table"
 
 
+@pytest.mark.parametrize(
+    ("spelling", "ids"),
+    [
+        pytest.param((), [22, 90, 91, 92], id="whole-table"),
+        pytest.param(("7:0",), [90, 91], id="device-numbers"),
+        pytest.param(("0:5", "/var/lib/kubelet/plugins/x/globalmount"), [90, 92], id="numbers-or-a-path"),
+        pytest.param(("/var/lib/kubelet/pods/p/volumes/a b/mount",), [91], id="escaped-path"),
+        pytest.param(("7:9",), [], id="nothing-spells-it"),
+    ],
+)
+def test_mounts_parses_the_lines_that_spell_a_path_or_device(
+    tmp_path: Path, spelling: tuple[str, ...], ids: list[int]
+) -> None:
+    m = fake_mounter(tmp_path, FakeRunner())
+    assert [e.mount_id for e in m.mounts(spelling)] == ids
+
+
 # ---------------------------------------------------------------- commands
 
 
