@@ -20,7 +20,7 @@ import os
 import re
 import shutil
 import subprocess
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import NamedTuple, Protocol
 
 from csi.failures import DriverError
@@ -144,12 +144,8 @@ def _escape(path: str) -> str:
     return path.replace("\\", "\\134").replace(" ", "\\040").replace("\t", "\\011").replace("\n", "\\012")
 
 
-def parse_mountinfo(text: str) -> list[MountInfo]:
-    """Parse mountinfo text (proc(5)); malformed lines are skipped."""
-    return _parse_lines(text.split("\n"))
-
-
-def _parse_lines(lines: Iterable[str]) -> list[MountInfo]:
+def parse_mountinfo(lines: Iterable[str]) -> list[MountInfo]:
+    """Parse mountinfo lines (proc(5)); malformed lines are skipped."""
     out = []
     for line in lines:
         fields = line.split(" ")
@@ -249,16 +245,16 @@ class Mounter:
 
     # ---- mount table
 
-    def mounts(self, spelling: Collection[str] = ()) -> list[MountInfo]:
-        """The current mount table. With `spelling` (paths, or device numbers as "major:minor"), only
-        the entries whose line holds one of them as a whole field: a superset of those the caller then
-        matches exactly, without parsing the rest (a node with many pods has hundreds of lines)."""
+    def mounts(self, paths: Iterable[str] = (), numbers: Iterable[tuple[int, int]] = ()) -> list[MountInfo]:
+        """The current mount table. Given `paths` or device `numbers`, only the entries whose line
+        holds one of them as a whole field: a superset of those the caller then matches exactly,
+        without parsing the rest (a node with many pods has hundreds of lines). Neither: every entry."""
+        tokens = [f" {_escape(p)} " for p in paths] + [f" {major}:{minor} " for major, minor in numbers]
         with open(self.mountinfo_path, encoding="utf-8", errors="surrogateescape") as fh:
             lines = fh.read().split("\n")  # not splitlines(): a path may hold U+2028 or U+0085
-        if not spelling:
-            return _parse_lines(lines)
-        tokens = [f" {_escape(s)} " for s in spelling]
-        return _parse_lines(line for line in lines if any(t in line for t in tokens))
+        if not tokens:
+            return parse_mountinfo(lines)
+        return parse_mountinfo(line for line in lines if any(t in line for t in tokens))
 
     def mount_at(self, path: str, table: Sequence[MountInfo] | None = None) -> MountInfo | None:
         """The top-most mount whose mount point is exactly `path`, or None; in `table` when given (a

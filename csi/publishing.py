@@ -57,7 +57,7 @@ class Publisher:
     def _mounts_of(self, numbers: DeviceNumbers, root: str) -> list[MountInfo]:
         return [
             m
-            for m in self._mounter.mounts((f"{numbers[0]}:{numbers[1]}",))
+            for m in self._mounter.mounts(numbers=(numbers,))
             if (m.major, m.minor) == numbers
             and m.root == root
             and paths.under_roots(m.mount_point, self._roots)

@@ -18,7 +18,7 @@ import contextlib
 import os
 import stat
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import NamedTuple
 
 from csi import devices, keys, paths
@@ -134,7 +134,7 @@ class Stager:
         whole = devices.whole_device(device)
         dev_numbers, dev_root = devices.devtmpfs_numbers(whole)
         members = devices.family(whole)
-        for m in self._mounter.mounts(_spelled(members | {dev_numbers})):
+        for m in self._mounter.mounts(numbers=members | {dev_numbers}):
             if (m.major, m.minor) in members or (
                 (m.major, m.minor) == dev_numbers and m.root.startswith(dev_root)
             ):
@@ -175,7 +175,7 @@ class Stager:
         so it is blank without probing it."""
         members = devices.family(device)
         # read once, so both checks below see the same table
-        table = self._mounter.mounts((staging, *_spelled(members)))
+        table = self._mounter.mounts((staging,), members)
         current = self._mounter.mount_at(staging, table)
         if current is not None:
             _check_staged(current, device, staging, fs)
@@ -348,11 +348,6 @@ def _check_staged(current: MountInfo, device: str, staging: str, fs: Filesystem)
 def _needs_growth(device: str, fs_type: str) -> bool:
     current_fs = devices.fs_size(device, fs_type)
     return current_fs is not None and devices.device_size(device) - current_fs > GROW_SLACK
-
-
-def _spelled(numbers: Iterable[DeviceNumbers]) -> list[str]:
-    """Device numbers as mountinfo spells them ("major:minor"), for Mounter.mounts(spelling)."""
-    return [f"{major}:{minor}" for major, minor in numbers]
 
 
 def _block_numbers(path: str) -> DeviceNumbers | None:

@@ -174,7 +174,7 @@ def test_mkfs_argv_rejects(fs_type: str, options: dict[str, str]) -> None:
 
 
 def test_parse_mountinfo_fields_and_escapes() -> None:
-    entries = parse_mountinfo(MOUNTINFO)
+    entries = parse_mountinfo(MOUNTINFO.split("\n"))
     assert len(entries) == 4, "the garbage line is skipped"
     pod = entries[2]
     assert pod.mount_point == "/var/lib/kubelet/pods/p/volumes/a b/mount"
@@ -215,20 +215,22 @@ def test_mount_at_reads_only_lines_that_spell_the_path(tmp_path: Path, path: str
 
 
 @pytest.mark.parametrize(
-    ("spelling", "ids"),
+    ("paths", "numbers", "ids"),
     [
-        pytest.param((), [22, 90, 91, 92], id="whole-table"),
-        pytest.param(("7:0",), [90, 91], id="device-numbers"),
-        pytest.param(("0:5", "/var/lib/kubelet/plugins/x/globalmount"), [90, 92], id="numbers-or-a-path"),
-        pytest.param(("/var/lib/kubelet/pods/p/volumes/a b/mount",), [91], id="escaped-path"),
-        pytest.param(("7:9",), [], id="nothing-spells-it"),
+        pytest.param((), (), [22, 90, 91, 92], id="whole-table"),
+        pytest.param((), ((7, 0),), [90, 91], id="device-numbers"),
+        pytest.param(
+            ("/var/lib/kubelet/plugins/x/globalmount",), ((0, 5),), [90, 92], id="numbers-or-a-path"
+        ),
+        pytest.param(("/var/lib/kubelet/pods/p/volumes/a b/mount",), (), [91], id="escaped-path"),
+        pytest.param((), ((7, 9),), [], id="nothing-spells-it"),
     ],
 )
 def test_mounts_parses_the_lines_that_spell_a_path_or_device(
-    tmp_path: Path, spelling: tuple[str, ...], ids: list[int]
+    tmp_path: Path, paths: tuple[str, ...], numbers: tuple[tuple[int, int], ...], ids: list[int]
 ) -> None:
     m = fake_mounter(tmp_path, FakeRunner())
-    assert [e.mount_id for e in m.mounts(spelling)] == ids
+    assert [e.mount_id for e in m.mounts(paths, numbers)] == ids
 
 
 # ---------------------------------------------------------------- commands
