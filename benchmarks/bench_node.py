@@ -94,7 +94,6 @@ def driver_cycle(channel: grpc.Channel, kubelet: Path, fs: str, i: int) -> dict[
     staging.mkdir(parents=True)
     target.parent.mkdir(parents=True)
     times: dict[str, float] = {}
-    state: dict[str, Any] = {}
 
     def call(name: str, fn: Callable[[], Any]) -> Any:
         t = time.perf_counter()
@@ -107,7 +106,7 @@ def driver_cycle(channel: grpc.Channel, kubelet: Path, fs: str, i: int) -> dict[
         volume_capabilities=[cap],
         capacity_range=csi_pb2.CapacityRange(required_bytes=GiB),
     )
-    state["vid"] = vid = call("create", lambda: controller.CreateVolume(create)).volume.volume_id
+    vid = call("create", lambda: controller.CreateVolume(create)).volume.volume_id
     publish = csi_pb2.ControllerPublishVolumeRequest(volume_id=vid, node_id=NODE_ID, volume_capability=cap)
     pc = call("controller publish", lambda: controller.ControllerPublishVolume(publish)).publish_context
     stage = csi_pb2.NodeStageVolumeRequest(
