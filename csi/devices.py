@@ -4,7 +4,8 @@ what a filesystem on them reports. Every node-side stager uses these; nothing he
 Contracts:
 - `rdev(path)` raises FailedPreconditionError when `path` is not a block device.
 - `family(device)` is the device's numbers and its partitions'; `belongs(numbers, device)` is True for
-  the device itself and for its partitions. Neither raises.
+  the device itself and for its partitions; `names_node(root, disk_root)` is the same for bind-mounted
+  device nodes. None of them raises.
 - `fs_size` reads a superblock and returns None rather than guessing.
 """
 
@@ -98,6 +99,21 @@ def devtmpfs_numbers(device: str) -> tuple[DeviceNumbers, str]:
     real = os.path.realpath(device)
     st = os.stat(os.path.dirname(real))
     return (os.major(st.st_dev), os.minor(st.st_dev)), "/" + os.path.relpath(real, "/dev")
+
+
+def names_node(root: str, disk_root: str) -> bool:
+    """True when `root`, the devtmpfs path a bind-mounted device node shows in mountinfo, is the disk's
+    node `disk_root` or one of its partitions' (/loop1, /loop1p2 for /loop1; never /loop10)."""
+    if not root.startswith(disk_root):
+        return False
+    rest = root[len(disk_root) :]
+    if not rest:
+        return True
+    if disk_root[-1].isdigit():  # partitions of a disk whose name ends in a digit take a "p"
+        if not rest.startswith("p"):
+            return False
+        rest = rest[1:]
+    return rest.isdigit()
 
 
 def device_size(device: str) -> int:

@@ -49,6 +49,14 @@ class Filesystem(NamedTuple):
     options: Mapping[str, str]  # volume context: the mkfs options
 
 
+class Uses(NamedTuple):
+    """What the mount table holds of one disk and its partitions, from one read of it."""
+
+    at_path: MountInfo | None  # whatever is mounted at the path asked about (any device)
+    filesystems: list[MountInfo]  # mounts of the disk's filesystems, binds of them included
+    nodes: list[MountInfo]  # binds of the disk's device nodes: block publishes
+
+
 class VolumeStats(NamedTuple):
     """What NodeGetVolumeStats reports: a block device's size, or a filesystem's usage."""
 
@@ -77,7 +85,7 @@ class Stager:
         self._roots = roots
         self._format_slots = threading.BoundedSemaphore(format_concurrency)
         self._lock = threading.Lock()
-        self._staged_block: set[str] = set()  # block volumes staged through this process
+        self._staged_block: dict[str, str] = {}  # volume id -> staging path, block access, this process
         self._partitions: dict[str, int] = {}  # volume id -> partition used at stage/publish
         self.publisher = Publisher(mounter, roots)
 
@@ -129,16 +137,31 @@ class Stager:
                 partition = self._partitions.get(volume_id, 0)
         return devices.partition_path(device, partition)
 
-    def _release_if_unused(self, volume_id: str, device: str) -> None:
-        """After a failed stage: release the device unless a mount still uses it."""
+    def uses(self, device: str, path: str = "") -> Uses:
+        """How the mount table uses the disk of `device` (a disk or one of its partitions), and what is
+        mounted at `path` when one is given; one read of the table."""
         whole = devices.whole_device(device)
-        dev_numbers, dev_root = devices.devtmpfs_numbers(whole)
         members = devices.family(whole)
-        for m in self._mounter.mounts(numbers=members | {dev_numbers}):
-            if (m.major, m.minor) in members or (
-                (m.major, m.minor) == dev_numbers and m.root.startswith(dev_root)
-            ):
+        node_numbers, node_root = devices.devtmpfs_numbers(whole)
+        table = self._mounter.mounts((path,) if path else (), members | {node_numbers})
+        return Uses(
+            at_path=self._mounter.mount_at(path, table) if path else None,
+            filesystems=[m for m in table if (m.major, m.minor) in members],
+            nodes=[
+                m
+                for m in table
+                if (m.major, m.minor) == node_numbers and devices.names_node(m.root, node_root)
+            ],
+        )
+
+    def _release_if_unused(self, volume_id: str, device: str) -> None:
+        """After a failed stage: release the device unless a mount or a block staging still uses it."""
+        with self._lock:
+            if volume_id in self._staged_block:
                 return
+        uses = self.uses(device)
+        if uses.filesystems or uses.nodes:
+            return
         with contextlib.suppress(Exception):  # best effort: the original failure is what the CO sees
             self._backend.release_device(volume_id)
 
@@ -152,20 +175,60 @@ class Stager:
         staging: str,
         fs: Filesystem | None,
     ) -> None:
-        """Prepare the device and, for mount access (`fs` given), mount its filesystem at `staging`."""
+        """Prepare the device and, for mount access (`fs` given), mount its filesystem at `staging`.
+        Staged with the other access type, at this path -> AlreadyExistsError (spec: staged but
+        incompatible), elsewhere -> FailedPreconditionError; a device is never formatted or handed out
+        raw while the other access type uses it."""
         device = self.device(volume_id, publish_context, partition)
         failpoints.hit("node.stage.device-ready")
-        if fs is None:
-            with self._lock:
-                self._staged_block.add(volume_id)
-            return
         try:
             with os_failures():
+                if fs is None:
+                    self._stage_block(volume_id, device, staging)
+                    return
+                self._check_not_staged_as_block(volume_id, staging)
                 blank = partition == 0 and self._backend.never_written(volume_id)
                 self.stage_filesystem(device, staging, fs, blank)
         except BaseException:
             self._release_if_unused(volume_id, device)
             raise
+
+    def _stage_block(self, volume_id: str, device: str, staging: str) -> None:
+        """Block access leaves nothing in the kernel to find again: this process remembers the path."""
+        with self._lock:
+            staged_at = self._staged_block.get(volume_id)
+        if staged_at == staging:
+            return
+        if staged_at is not None:
+            raise FailedPreconditionError(
+                f"volume {volume_id} is already staged at {staged_at}; a volume is staged at one path "
+                "per node, so unstage it there first"
+            )
+        mounted = self.uses(device).filesystems
+        here = [m for m in mounted if m.mount_point == staging]
+        if here:
+            raise AlreadyExistsError(
+                f"volume {volume_id} is staged at {staging} as a filesystem, not as a block device"
+            )
+        if mounted:
+            raise FailedPreconditionError(
+                f"the filesystem of volume {volume_id} is mounted at {mounted[0].mount_point}; unstage "
+                "it there before staging it as a block device"
+            )
+        with self._lock:
+            self._staged_block[volume_id] = staging
+
+    def _check_not_staged_as_block(self, volume_id: str, staging: str) -> None:
+        with self._lock:
+            staged_at = self._staged_block.get(volume_id)
+        if staged_at == staging:
+            raise AlreadyExistsError(
+                f"volume {volume_id} is staged at {staging} as a block device, not as a filesystem"
+            )
+        if staged_at is not None:
+            raise FailedPreconditionError(
+                f"volume {volume_id} is staged as a block device at {staged_at}; unstage it there first"
+            )
 
     def stage_filesystem(
         self, device: str, staging: str, fs: Filesystem, never_written: bool = False
@@ -173,16 +236,18 @@ class Stager:
         """Mount the filesystem of `device` at `staging`, formatting a blank device first.
         `never_written`: the backend proved no byte of the device was ever written (Backend.never_written),
         so it is blank without probing it."""
-        members = devices.family(device)
-        # read once, so both checks below see the same table
-        table = self._mounter.mounts((staging,), members)
-        current = self._mounter.mount_at(staging, table)
-        if current is not None:
-            _check_staged(current, device, staging, fs)
+        uses = self.uses(device, staging)  # one read, so every check below sees the same table
+        if uses.at_path is not None:
+            _check_staged(uses.at_path, device, staging, fs)
             return
         if os.path.lexists(staging) and not os.path.isdir(staging):
             raise FailedPreconditionError(f"staging_target_path {staging} exists and is not a directory")
-        elsewhere = [m.mount_point for m in table if (m.major, m.minor) in members]
+        if uses.nodes:  # mkfs over, or a mount of, a device a pod writes to raw would destroy its data
+            raise FailedPreconditionError(
+                f"{device} is published as a raw block device at {uses.nodes[0].mount_point}; "
+                "unpublish and unstage it there first"
+            )
+        elsewhere = [m.mount_point for m in uses.filesystems]
         if elsewhere:  # fsck or mkfs of a mounted device would fail with a misleading message
             raise FailedPreconditionError(
                 f"{device} is already mounted at {elsewhere[0]}; a volume is staged at one path per node, "
@@ -236,22 +301,50 @@ class Stager:
         return fs_type, grow
 
     def unstage(self, volume_id: str, staging: str) -> None:
-        """Unmount the staging path (every stacked mount) and release the device. Not staged -> OK."""
+        """Unmount the volume's filesystem from the staging path (every stacked mount) and release the
+        device. Spec: not staged at this path -> OK, and what is mounted there (another volume) or the
+        volume's staging elsewhere is left alone. Still published -> FailedPreconditionError."""
         with os_failures():
-            current = self._mounter.mount_at(staging)
-            if current is not None:
-                others = self.publisher.others((current.major, current.minor), current.root, {staging})
-                if others:
-                    raise FailedPreconditionError(
-                        f"volume {volume_id} is still published at {others[0]}; unpublish it first"
-                    )
-                self.publisher.peel(staging)
-                failpoints.hit("node.unstage.unmounted")
-            with contextlib.suppress(NotFoundError):
-                self._backend.release_device(volume_id)
+            try:
+                device = self._backend.prepared_device(volume_id)
+            except NotFoundError:
+                device = None
+            if device is None:  # unknown here, or never prepared: nothing of it is staged
+                self._forget(volume_id)
+                return
             with self._lock:
-                self._staged_block.discard(volume_id)
-                self._partitions.pop(volume_id, None)
+                block_at = self._staged_block.get(volume_id)
+            if block_at not in (None, staging):
+                return
+            uses = self.uses(device, staging)
+            if uses.at_path is not None and uses.at_path in uses.filesystems:
+                self._unmount_staging(volume_id, uses.at_path, staging)
+                uses = self.uses(device)
+            elif block_at is None and uses.filesystems:
+                return  # its filesystem is staged at another path
+            if uses.nodes:
+                raise FailedPreconditionError(
+                    f"volume {volume_id} is still published at {uses.nodes[0].mount_point}; "
+                    "unpublish it first"
+                )
+            if not uses.filesystems:
+                with contextlib.suppress(NotFoundError):
+                    self._backend.release_device(volume_id)
+            self._forget(volume_id)
+
+    def _unmount_staging(self, volume_id: str, staged: MountInfo, staging: str) -> None:
+        others = self.publisher.others((staged.major, staged.minor), staged.root, {staging})
+        if others:
+            raise FailedPreconditionError(
+                f"volume {volume_id} is still published at {others[0]}; unpublish it first"
+            )
+        self.publisher.peel(staging)
+        failpoints.hit("node.unstage.unmounted")
+
+    def _forget(self, volume_id: str) -> None:
+        with self._lock:
+            self._staged_block.pop(volume_id, None)
+            self._partitions.pop(volume_id, None)
 
     # ------------------------------------------------------------------ publish
 
@@ -260,29 +353,40 @@ class Stager:
         target. Unknown volume -> NotFoundError; not staged -> FailedPreconditionError; neither prepares
         anything."""
         with os_failures():
+            device = self._backend.prepared_device(volume_id)  # an unknown volume -> NotFoundError
             if pub.block:
-                device = self._staged_block_device(volume_id, partition)
-                source = Source(device, *devices.devtmpfs_numbers(device))
+                node = self._staged_block_device(volume_id, device, partition)
+                source = Source(node, *devices.devtmpfs_numbers(node))
             else:
                 staged = self._mounter.mount_at(pub.staging)
-                if staged is None:
-                    self._backend.prepared_device(volume_id)  # an unknown volume -> NotFoundError
+                if (
+                    staged is None
+                    or device is None
+                    or not devices.belongs((staged.major, staged.minor), device)
+                ):
                     raise FailedPreconditionError(
                         f"volume {volume_id} is not staged at {pub.staging}; call NodeStageVolume first"
                     )
                 source = Source(pub.staging, (staged.major, staged.minor), staged.root)
             self.publisher.publish(volume_id, source, pub)
 
-    def _staged_block_device(self, volume_id: str, partition: int) -> str:
-        try:
-            device = self.prepared_device(volume_id, partition)
-        except NotFoundError:
+    def _staged_block_device(self, volume_id: str, device: str | None, partition: int) -> str:
+        """The device node a block publish binds: the volume must be prepared here and its filesystem
+        mounted nowhere (raw writes under a mounted filesystem corrupt it)."""
+        if device is None:
             raise FailedPreconditionError(
                 f"volume {volume_id} is not staged on this node; call NodeStageVolume first"
-            ) from None
-        if not devices.is_block_device(device):
+            )
+        mounted = self.uses(device).filesystems
+        if mounted:
+            raise FailedPreconditionError(
+                f"volume {volume_id} is staged as a filesystem (mounted at {mounted[0].mount_point}); "
+                "publish it with mount access"
+            )
+        node = devices.partition_path(device, partition)
+        if not devices.is_block_device(node):
             raise FailedPreconditionError(f"partition {partition} of volume {volume_id} is not staged")
-        return device
+        return node
 
     def unpublish(self, target: str) -> None:
         """Unmount the target and remove it. Not mounted or missing -> OK."""

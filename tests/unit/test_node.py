@@ -14,7 +14,7 @@ import pytest
 from csi._proto import csi_pb2
 from csi.capabilities import NRPC, Capabilities
 from csi.config import Config, NodeConfig
-from csi.devices import partition_path
+from csi.devices import names_node, partition_path
 from csi.failures import DriverError, FailedPreconditionError, InvalidParameterError
 from csi.inflight import InFlight
 from csi.mount import Mounter
@@ -234,6 +234,25 @@ def test_parse_partition(value: str | None, expected: int) -> None:
 )
 def test_partition_path(device: str, number: int, expected: str) -> None:
     assert partition_path(device, number) == expected
+
+
+@pytest.mark.parametrize(
+    ("root", "disk_root", "expected"),
+    [
+        pytest.param("/loop1", "/loop1", True, id="the-disk"),
+        pytest.param("/loop1p2", "/loop1", True, id="its-partition"),
+        pytest.param("/loop10", "/loop1", False, id="another-disk-with-the-name-as-prefix"),
+        pytest.param("/loop10p1", "/loop1", False, id="a-partition-of-that-disk"),
+        pytest.param("/loop1p", "/loop1", False, id="no-partition-number"),
+        pytest.param("/xvdf1", "/xvdf", True, id="partition-without-p"),
+        pytest.param("/xvdfa", "/xvdf", False, id="another-letter-disk"),
+        pytest.param("/nvme0n1p1", "/nvme0n1", True, id="nvme-partition"),
+        pytest.param("/nvme0n11", "/nvme0n1", False, id="nvme-other-namespace"),
+        pytest.param("/", "/loop1", False, id="devtmpfs-root"),
+    ],
+)
+def test_names_node_is_the_disk_or_its_partitions(root: str, disk_root: str, expected: bool) -> None:
+    assert names_node(root, disk_root) is expected
 
 
 # ---------------------------------------------------------------- format decisions

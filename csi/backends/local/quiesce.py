@@ -21,7 +21,6 @@ import contextlib
 import errno
 import logging
 import os
-import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -69,8 +68,8 @@ class LocalQuiescer:
         device = self._loop_module().bound(path)
         if device is None:
             return [], ""  # not staged here: nothing writes through it
-        name = re.escape(os.path.basename(device))
-        raw = [m for m in mounts if m.fs_type == "devtmpfs" and re.fullmatch(rf"/{name}(p\d+)?", m.root)]
+        node = "/" + os.path.basename(device)
+        raw = [m for m in mounts if m.fs_type == "devtmpfs" and devices.names_node(m.root, node)]
         if raw:
             return [], (
                 f"volume {volume_id} is published as a raw block device at {raw[0].mount_point}; "

@@ -1,0 +1,182 @@
+"""The node acts only on the volume a request names, and only with the access type it was staged with.
+
+Real driver, real loop devices and mounts. Each case once answered OK and then exposed, unmounted,
+detached or formatted another volume's data (or the same volume's raw data); each now answers the CSI
+code for "not staged here" or "staged, but incompatible", and the host is left as it was.
+"""
+
+from __future__ import annotations
+
+import os
+
+import grpc
+import pytest
+
+from csi import loop
+from csi._proto import csi_pb2
+from csi.mount import Mounter
+from tests.csiclient import assert_code
+from tests.integration.conftest import MiB, NodeEnv, Volume, block_cap, mount_cap
+
+Code = grpc.StatusCode
+UNKNOWN_ID = "lv-" + "1" * 32
+PATTERN = os.urandom(4096)
+
+
+def _mounted(path: str) -> bool:
+    return Mounter().mount_at(path) is not None
+
+
+def _loops(vol: Volume) -> list[str]:
+    return loop._devices_for(os.stat(vol.file))
+
+
+def _write(path: str) -> None:
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.pwrite(fd, PATTERN, 0)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _read(path: str) -> bytes:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return os.pread(fd, len(PATTERN), 0)
+    finally:
+        os.close(fd)
+
+
+def _stage_request(
+    vol: Volume, cap: csi_pb2.VolumeCapability, staging: str = ""
+) -> csi_pb2.NodeStageVolumeRequest:
+    return csi_pb2.NodeStageVolumeRequest(
+        volume_id=vol.id,
+        staging_target_path=staging or vol.staging,
+        volume_capability=cap,
+        publish_context=vol.publish_context,
+    )
+
+
+@pytest.mark.parametrize(
+    ("whose", "code"),
+    [
+        pytest.param("another-volume", Code.FAILED_PRECONDITION, id="another-volume-not-staged"),
+        pytest.param("unknown", Code.NOT_FOUND, id="unknown-volume"),
+    ],
+)
+def test_publish_of_another_volumes_staging_path_is_refused(
+    node_env: NodeEnv, whose: str, code: Code
+) -> None:
+    staged, other = node_env.volume(), node_env.volume()
+    node_env.stage(staged, mount_cap())
+    request = csi_pb2.NodePublishVolumeRequest(
+        volume_id=other.id if whose == "another-volume" else UNKNOWN_ID,
+        staging_target_path=staged.staging,
+        target_path=other.target,
+        volume_capability=mount_cap(),
+    )
+    assert_code(node_env.client.node.NodePublishVolume, request, code)
+    assert not _mounted(other.target) and not os.path.exists(other.target)
+
+
+@pytest.mark.parametrize(
+    "whose",
+    [
+        pytest.param("another-volume", id="another-volume-id"),
+        pytest.param("unknown", id="unknown-volume-id"),
+        pytest.param("same-volume-other-path", id="same-volume-other-path"),
+    ],
+)
+def test_unstage_leaves_a_staging_that_is_not_the_requests_alone(node_env: NodeEnv, whose: str) -> None:
+    staged, other = node_env.volume(), node_env.volume()
+    node_env.stage(staged, mount_cap())
+    volume_id, path = {
+        "another-volume": (other.id, staged.staging),
+        "unknown": (UNKNOWN_ID, staged.staging),
+        "same-volume-other-path": (staged.id, other.staging),
+    }[whose]
+    node_env.client.node.NodeUnstageVolume(
+        csi_pb2.NodeUnstageVolumeRequest(volume_id=volume_id, staging_target_path=path)
+    )  # spec: not staged at that path -> OK
+    assert _mounted(staged.staging), "the staged volume is still mounted"
+    (device,) = _loops(staged)
+    status = loop._status(device)
+    assert status is not None and not status.lo_flags & loop.LO_FLAGS_AUTOCLEAR, (
+        "its loop device is still attached, and not set to detach once unmounted"
+    )
+    node_env.publish(staged, mount_cap())  # and still usable
+
+
+def test_unstage_of_a_published_block_volume_is_refused(node_env: NodeEnv) -> None:
+    vol = node_env.volume(16 * MiB)
+    node_env.stage(vol, block_cap())
+    node_env.publish(vol, block_cap())
+    _write(vol.target)
+    request = csi_pb2.NodeUnstageVolumeRequest(volume_id=vol.id, staging_target_path=vol.staging)
+    assert_code(
+        node_env.client.node.NodeUnstageVolume, request, Code.FAILED_PRECONDITION, contains="published"
+    )
+    assert len(_loops(vol)) == 1, "the published device stays attached"
+    assert _read(vol.target) == PATTERN, "and the pod's device node still reaches this volume"
+    node_env.unpublish(vol)
+    node_env.unstage(vol)
+    assert _loops(vol) == [], "unpublished, the unstage releases the device"
+
+
+@pytest.mark.parametrize(
+    ("first", "then", "same_path", "code"),
+    [
+        pytest.param("mount", "block", True, Code.ALREADY_EXISTS, id="mount-then-block-same-path"),
+        pytest.param("mount", "block", False, Code.FAILED_PRECONDITION, id="mount-then-block-other-path"),
+        pytest.param("block", "mount", True, Code.ALREADY_EXISTS, id="block-then-mount-same-path"),
+        pytest.param("block", "mount", False, Code.FAILED_PRECONDITION, id="block-then-mount-other-path"),
+    ],
+)
+def test_stage_with_the_other_access_type_is_refused(
+    node_env: NodeEnv, first: str, then: str, same_path: bool, code: Code
+) -> None:
+    vol = node_env.volume(16 * MiB)
+    caps = {"mount": mount_cap(), "block": block_cap()}
+    node_env.stage(vol, caps[first])
+    node_env.publish(vol, caps[first])
+    if first == "block":
+        _write(vol.target)
+    staging = vol.staging if same_path else vol.staging + "-2"
+    assert_code(node_env.client.node.NodeStageVolume, _stage_request(vol, caps[then], staging), code)
+    if first == "block":
+        assert _read(vol.target) == PATTERN, "the raw data was not formatted over"
+        assert not _mounted(staging)
+    else:
+        assert _mounted(vol.staging) and _mounted(vol.target)
+    assert len(_loops(vol)) == 1
+
+
+def test_mount_stage_of_a_raw_published_volume_is_refused_after_a_restart(node_env: NodeEnv) -> None:
+    """Block staging leaves nothing in the kernel; the raw publish (a bind of the device node) does."""
+    vol = node_env.volume(16 * MiB)
+    node_env.stage(vol, block_cap())
+    node_env.publish(vol, block_cap())
+    _write(vol.target)
+    node_env.restart()
+    request = _stage_request(vol, mount_cap(), vol.staging + "-fs")
+    assert_code(node_env.client.node.NodeStageVolume, request, Code.FAILED_PRECONDITION, contains="raw block")
+    assert _read(vol.target) == PATTERN, "the raw data was not formatted over"
+    assert not _mounted(vol.staging + "-fs")
+
+
+def test_block_publish_of_a_filesystem_staged_volume_is_refused(node_env: NodeEnv) -> None:
+    vol = node_env.volume(16 * MiB)
+    node_env.stage(vol, mount_cap())
+    request = csi_pb2.NodePublishVolumeRequest(
+        volume_id=vol.id,
+        staging_target_path=vol.staging,
+        target_path=vol.target,
+        volume_capability=block_cap(),
+        publish_context=vol.publish_context,
+    )
+    assert_code(
+        node_env.client.node.NodePublishVolume, request, Code.FAILED_PRECONDITION, contains="filesystem"
+    )
+    assert not _mounted(vol.target) and not os.path.exists(vol.target)
