@@ -36,6 +36,7 @@ from csi.validation import (
 )
 
 AccessMode = csi_pb2.VolumeCapability.AccessMode
+SINGLE_TARGET_MODES = frozenset({AccessMode.SINGLE_NODE_WRITER, AccessMode.SINGLE_NODE_READER_ONLY})
 
 
 def _check_volume_id(volume_id: str) -> None:
@@ -98,6 +99,15 @@ class NodeService(NodeHealthRPCs, csi_pb2_grpc.NodeServicer):
             raise NotFoundError(f"volume_path {path} does not exist")
         return path
 
+    def _one_target(self, mode: int) -> bool:
+        """Whether `mode` allows one publish per node. Spec, for a plugin with SINGLE_NODE_MULTI_WRITER:
+        a "Non MULTI_NODE_..." volume published at another target -> FAILED_PRECONDITION; without that
+        capability a CO has no other mode for many pods on one node, so only SINGLE_NODE_SINGLE_WRITER
+        is held to one target."""
+        if mode == AccessMode.SINGLE_NODE_SINGLE_WRITER:
+            return True
+        return NRPC.SINGLE_NODE_MULTI_WRITER in self._caps.node and mode in SINGLE_TARGET_MODES
+
     # ------------------------------------------------------------------ stage
 
     def NodeStageVolume(
@@ -158,7 +168,7 @@ class NodeService(NodeHealthRPCs, csi_pb2_grpc.NodeServicer):
         bind_flags = [f for f in flags if f in VFS_FLAGS and f not in ("ro", "rw")]
         if readonly:
             bind_flags.append("ro")
-        single_writer = cap.access_mode.mode == AccessMode.SINGLE_NODE_SINGLE_WRITER
+        single_writer = self._one_target(cap.access_mode.mode)
         pub = Publication(staging, target, block, readonly, bind_flags, single_writer)
         with self._inflight.hold(f"node:{volume_id}"):
             self.stager.publish(volume_id, partition, pub)

@@ -79,7 +79,8 @@ class Publisher:
             others = self.others(source.numbers, source.root, {pub.staging, pub.target})
             if others:
                 raise FailedPreconditionError(
-                    f"volume {volume_id} is SINGLE_NODE_SINGLE_WRITER and already published at {others[0]}"
+                    f"volume {volume_id} is already published at {others[0]} and its access mode allows "
+                    "one target per node"
                 )
         created = _create_target(pub.target, pub.block)
         failpoints.hit("node.publish.target-created")

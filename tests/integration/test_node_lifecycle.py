@@ -318,19 +318,40 @@ def test_unpublish_and_unstage_of_never_mounted_paths_are_ok(node_env: NodeEnv) 
     assert not os.path.exists(vol.target)
 
 
-def test_single_writer_volume_cannot_be_published_twice(node_env: NodeEnv) -> None:
+@pytest.mark.parametrize(
+    ("mode", "second_target"),
+    [
+        pytest.param(AccessMode.SINGLE_NODE_SINGLE_WRITER, False, id="single-node-single-writer"),
+        # the driver advertises SINGLE_NODE_MULTI_WRITER, so the spec's "Non MULTI_NODE" row applies
+        pytest.param(AccessMode.SINGLE_NODE_WRITER, False, id="single-node-writer"),
+        pytest.param(AccessMode.SINGLE_NODE_READER_ONLY, False, id="single-node-reader-only"),
+        pytest.param(AccessMode.SINGLE_NODE_MULTI_WRITER, True, id="single-node-multi-writer"),
+    ],
+)
+def test_second_target_on_the_node_follows_the_access_mode(
+    node_env: NodeEnv, mode: AccessMode.Mode, second_target: bool
+) -> None:
     vol = node_env.volume()
-    cap = mount_cap(mode=AccessMode.SINGLE_NODE_SINGLE_WRITER)
-    node_env.stage(vol, cap)
+    node_env.stage(vol, mount_cap())
+    cap = mount_cap(mode=mode)
     node_env.publish(vol, cap)
     other = str(node_env.kubelet / "pods" / "other" / "mount")
+    if second_target:
+        node_env.publish(vol, cap, target=other)
+        assert _mounted(other)
+        return
     request = csi_pb2.NodePublishVolumeRequest(
         volume_id=vol.id,
         staging_target_path=vol.staging,
         target_path=other,
         volume_capability=cap,
     )
-    assert_code(node_env.client.node.NodePublishVolume, request, grpc.StatusCode.FAILED_PRECONDITION)
+    assert_code(
+        node_env.client.node.NodePublishVolume,
+        request,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        contains="one target",
+    )
     assert not os.path.exists(other)
 
 
@@ -362,7 +383,7 @@ def _write_block(path: str) -> None:
 
 def test_readonly_block_publish_refuses_writes_until_unpublished(node_env: NodeEnv) -> None:
     vol = node_env.volume(16 * MiB)
-    cap = block_cap()
+    cap = block_cap(AccessMode.SINGLE_NODE_MULTI_WRITER)  # the mode for several targets on one node
     node_env.stage(vol, cap)
     node_env.publish(vol, cap, readonly=True)
     with pytest.raises(OSError) as err:
