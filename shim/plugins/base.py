@@ -103,18 +103,19 @@ def csi_source(
     volume_attributes: dict[str, str] | None = None,
     secret_refs: dict[str, JSON] | None = None,
 ) -> JSON:
-    """A CSI PV source serialised like Kubernetes: driver/volumeHandle always, the rest only when set."""
-    return fields.compact(
+    """A CSI PV source serialised like Kubernetes: driver/volumeHandle always, the rest only when set.
+    Secret refs are pointers in Kubernetes: one that is set stays, even when it serialises as {}."""
+    source = fields.compact(
         {
             "driver": driver,
             "volumeHandle": volume_handle,
             "readOnly": read_only,
             "fsType": fs_type,
             "volumeAttributes": volume_attributes,
-            **(secret_refs or {}),
         },
         keep=("driver", "volumeHandle"),
     )
+    return {**source, **(secret_refs or {})}
 
 
 def secret_ref(name: str, namespace: str) -> JSON:

@@ -637,3 +637,29 @@ def test_name_lookups_match_kubernetes(k8s: KubernetesTranslator, name: str) -> 
         {"op": "is_migrated_csi_driver_by_name", "name": name},
         lambda: t.is_migrated_csi_driver_by_name(name),
     )
+
+
+@pytest.mark.parametrize(
+    ("name", "namespace"),
+    [
+        pytest.param("", "", id="both-empty"),
+        pytest.param("auth", "", id="namespace-empty"),
+        pytest.param("auth", "px", id="both-set"),
+    ],
+)
+def test_portworx_auth_secret_refs_match_kubernetes_exactly(
+    k8s: KubernetesTranslator, name: str, namespace: str
+) -> None:
+    """Kubernetes' secret refs are pointers: annotations present make all five, {} when both are empty.
+    Compared without canon(), which would drop the {}."""
+    annotations = {"openstorage.io/auth-secret-name": name, "openstorage.io/auth-secret-namespace": namespace}
+    pv = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": "px-pv", "annotations": annotations},
+        "spec": {"portworxVolume": {"volumeID": "v1"}},
+    }
+    theirs = k8s.ask({"op": "pv_to_csi", "object": json.loads(json.dumps(pv))})["result"]["spec"]["csi"]
+    mine = TRANSLATOR.translate_in_tree_pv_to_csi(pv)["spec"]["csi"]
+    assert mine == theirs
+    assert len([k for k in mine if k.endswith("SecretRef")]) == 5
