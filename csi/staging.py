@@ -5,10 +5,15 @@ Callers (NodeService) validate every request first and hold the volume's in-flig
 nothing here re-checks paths or options. The mount table is the source of truth, so a restarted plugin
 picks up where the previous one stopped. Contracts (CSI spec):
 - stage/publish twice with the same arguments -> OK; the path holds another volume or the same one with
-  other options -> AlreadyExistsError. Unstage/unpublish of something not mounted -> OK.
-- A device is formatted only when blkid finds neither a filesystem nor a partition table.
-- A stage that fails releases the device it prepared (unless a mount still uses it): the CO never
-  unstages a stage that failed with a final error.
+  other options (or the other access type) -> AlreadyExistsError. Unstage/unpublish of something not
+  mounted -> OK.
+- Only the named volume is touched: unstage leaves a path that holds another volume (or none of this
+  one) as it is; publish from a staging path that holds another volume -> FailedPreconditionError.
+- A device is formatted only when blkid finds neither a filesystem nor a partition table, and never
+  while its filesystem is mounted or a pod has its device node; a device is released only when no
+  mount, device-node bind or block staging uses it (a published block volume is not unstaged).
+- A stage that fails releases the device it prepared (unless something above still uses it): the CO
+  never unstages a stage that failed with a final error.
 - mkfs and fsck run at most `format_concurrency` at a time.
 """
 
