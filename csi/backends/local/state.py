@@ -19,55 +19,8 @@ from contextlib import contextmanager
 from typing import Any, NamedTuple
 
 from csi.backends.local.groupcommit import FileFirst, Transactions
+from csi.backends.local.schema import SCHEMA
 from csi.failures import FailedPreconditionError, LimitExceededError, NotFoundError, OutOfCapacityError
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS volumes (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    id TEXT NOT NULL UNIQUE,
-    name TEXT NOT NULL UNIQUE,
-    size INTEGER NOT NULL,
-    spec TEXT NOT NULL,
-    mutable TEXT NOT NULL,
-    created REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS attachments (
-    volume_id TEXT NOT NULL,
-    node_id TEXT NOT NULL,
-    readonly INTEGER NOT NULL,
-    PRIMARY KEY (volume_id, node_id)
-);
-CREATE INDEX IF NOT EXISTS attachments_node ON attachments (node_id);
-CREATE TABLE IF NOT EXISTS snapshots (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    id TEXT NOT NULL UNIQUE,
-    name TEXT UNIQUE,
-    source_volume_id TEXT NOT NULL,
-    size INTEGER NOT NULL,
-    created REAL NOT NULL,
-    group_id TEXT NOT NULL DEFAULT ''
-);
-CREATE INDEX IF NOT EXISTS snapshots_source ON snapshots (source_volume_id);
-CREATE INDEX IF NOT EXISTS snapshots_group ON snapshots (group_id);
-CREATE TABLE IF NOT EXISTS groups (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    id TEXT NOT NULL UNIQUE,
-    name TEXT NOT NULL UNIQUE,
-    volume_ids TEXT NOT NULL,
-    created REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS health_marks (
-    volume_id TEXT NOT NULL,
-    reason TEXT NOT NULL,
-    message TEXT NOT NULL,
-    since REAL NOT NULL,
-    PRIMARY KEY (volume_id, reason)
-);
-CREATE TABLE IF NOT EXISTS growth (
-    volume_id TEXT PRIMARY KEY,
-    from_size INTEGER NOT NULL
-);
-"""
 
 
 class NameTaken(Exception):
