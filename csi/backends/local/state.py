@@ -6,6 +6,8 @@ of volumes share commits (groupcommit.Transactions); each still returns only onc
 Rows carry a monotonically increasing `seq` (never reused), which orders listings and backs paging
 tokens.
 Thread-safe: one connection guarded by a lock; several processes may share the file (busy timeout).
+A database a root process creates is the data dir's owner's, and so are its -wal and -shm files
+(ownership.py).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, NamedTuple
 
+from csi.backends.local import ownership
 from csi.backends.local.groupcommit import FileFirst, Transactions
 from csi.backends.local.schema import SCHEMA
 from csi.failures import FailedPreconditionError, LimitExceededError, NotFoundError, OutOfCapacityError
@@ -80,6 +83,7 @@ class Store:
     def __init__(self, path: str) -> None:
         self.path = path
         self._lock = threading.Lock()
+        ownership.create_file(path, 0o644, os.path.dirname(os.path.abspath(path)))  # SQLite's own mode
         self._db = sqlite3.connect(path, timeout=30.0, isolation_level=None, check_same_thread=False)
         self._db.row_factory = sqlite3.Row
         self._db.execute("PRAGMA journal_mode=WAL")
