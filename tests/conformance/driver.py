@@ -18,10 +18,17 @@ from pathlib import Path
 import grpc
 
 from csi._proto import csi_pb2, csi_pb2_grpc
-from tests.conftest import REPO
+from tests.conftest import REPO, require_tool
 
 DRIVER = REPO / ".venv" / "bin" / "ballast-csi"
 NODE_ID = "sanity-node"
+NOBODY = 65534  # uid and gid of nobody/nogroup: an unprivileged user for drivers that must not be root
+
+
+def as_user(uid: int = NOBODY, gid: int = NOBODY) -> list[str]:
+    """A `wrapper` for start_driver that drops root to `uid`/`gid`, with no supplementary groups, before
+    the driver starts (setpriv; a missing setpriv skips the test, or fails it in CI)."""
+    return [require_tool("setpriv"), f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--"]
 
 
 @dataclass

@@ -24,7 +24,7 @@ import pytest
 
 from csi import freeze
 from csi._proto import csi_pb2
-from tests.conformance.driver import NODE_ID, Driver, start_driver
+from tests.conformance.driver import NOBODY, NODE_ID, Driver, as_user, start_driver
 from tests.conftest import require_tool
 from tests.csiclient import CsiClient, assert_code, connect
 from tests.integration.conftest import force_clean, leftovers
@@ -32,7 +32,6 @@ from tests.reliability.conftest import MiB, kill_group, mount_cap
 from tests.reliability.test_group_freeze import assert_one_cut, fsck_clean, snapshots_under_writers, stamps
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
-NOBODY = 65534
 Code = grpc.StatusCode
 
 
@@ -68,9 +67,9 @@ class Split:
 
 
 def _controller(base: Path, data: Path, failpoint: str = "") -> Driver:
-    wrapper = [require_tool("setpriv"), f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--"]
     env = {"BALLAST_FAILPOINTS": failpoint, "BALLAST_FAILPOINTS_RECORD": str(base / "controller" / "record")}
-    return start_driver(base / "controller", "--mode", "controller", data_dir=data, wrapper=wrapper, env=env)
+    args = ("--mode", "controller")
+    return start_driver(base / "controller", *args, data_dir=data, wrapper=as_user(), env=env)
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ import errno
 import fcntl
 import os
 
+from csi.backends.local import ownership
 from csi.backends.local.groupcommit import sync_directory
 from csi.failures import OutOfCapacityError, OutOfRangeError
 
@@ -48,10 +49,12 @@ def sync_dir(directory: str) -> None:
 def create_sparse(path: str, size: int, *, sync_parent: bool = True) -> None:
     """A new file of `size` bytes with no data blocks, durable (file, then directory) on return; without
     `sync_parent` only the file is synced, and the caller syncs the directory before relying on it.
-    Refuses to overwrite (FileExistsError). No space for it -> OutOfCapacityError, and no file is left."""
+    Refuses to overwrite (FileExistsError). No space for it -> OutOfCapacityError, and no file is left.
+    Made by root, the file is its directory's owner's (ownership.py)."""
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         try:
+            ownership.hand_over(fd, os.path.dirname(path))
             os.ftruncate(fd, size)
             os.fsync(fd)
         except BaseException:
@@ -103,12 +106,13 @@ def copy(src: str, dst: str, size: int | None = None) -> bool:
     Returns True when the copy shares blocks (reflink). `dst` is durable (file, then directory) on
     return. Refuses to overwrite `dst`; on failure `dst` is removed. A missing `src` raises
     FileNotFoundError; no space -> OutOfCapacityError; a size the filesystem cannot hold ->
-    OutOfRangeError.
+    OutOfRangeError. Made by root, `dst` is its directory's owner's (ownership.py).
     """
     src_fd = os.open(src, os.O_RDONLY | os.O_CLOEXEC)
     try:
         dst_fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         try:
+            ownership.hand_over(dst_fd, os.path.dirname(dst))
             length = os.fstat(src_fd).st_size
             shared = _reflink(src_fd, dst_fd)
             if not shared:

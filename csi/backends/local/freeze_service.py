@@ -25,6 +25,7 @@ import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from csi.backends.local import ownership
 from csi.backends.local.layout import Layout
 from csi.backends.local.quiesce import LocalQuiescer, Quiesced
 from csi.failures import DriverError, FailedPreconditionError
@@ -56,15 +57,15 @@ class FreezeServer:
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        """Listen on the data dir's freeze socket (replacing a stale one), owned like the data dir."""
+        """Listen on the data dir's freeze socket (replacing a stale one), mode 0600; a root process
+        hands it to the data dir's owner (ownership.py)."""
         path = self._layout.freeze_socket
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         listener.bind(path)
         os.chmod(path, 0o600)
-        owner = os.stat(self._layout.data_dir)
-        os.chown(path, owner.st_uid, owner.st_gid)
+        ownership.hand_over(path, self._layout.data_dir)
         listener.listen(8)
         self._listener = listener
         self._thread = threading.Thread(target=self._accept, name="freeze-service", daemon=True)

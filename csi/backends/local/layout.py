@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import re
 
+from csi.backends.local import ownership
 from csi.failures import InvalidTokenError, NotFoundError
 
 VOLUME_ID = re.compile(r"(?:lv|vol)-[0-9a-f]{32}")  # vol-: EBS spelling, see `volume_prefix`
@@ -55,9 +56,11 @@ class Layout:
         self.freeze_socket = os.path.join(data_dir, FREEZE_SOCKET)
 
     def create(self) -> None:
-        """Make the data dir and its subdirectories (owner only). Idempotent."""
-        for d in (self.data_dir, self.volumes_dir, self.snapshots_dir):
-            os.makedirs(d, mode=0o700, exist_ok=True)
+        """Make the data dir and its subdirectories (owner only). Idempotent. A subdirectory a root
+        process makes is the data dir's owner's (ownership.py)."""
+        os.makedirs(self.data_dir, mode=0o700, exist_ok=True)
+        for d in (self.volumes_dir, self.snapshots_dir):
+            ownership.make_dir(d, 0o700, self.data_dir)
 
     def volume_file(self, volume_id: str) -> str:
         """Backing file of a volume id; a malformed id -> NotFoundError (never a path outside the dir)."""

@@ -29,7 +29,7 @@ import os
 import sqlite3
 import urllib.parse
 
-from csi.backends.local import files
+from csi.backends.local import files, ownership
 from csi.backends.local.freeze_service import FreezeServer
 from csi.backends.local.health import Ledger
 from csi.backends.local.layout import SNAPSHOT_ID, VOLUME_ID, Layout
@@ -47,7 +47,8 @@ class StateUnusable(FailedPreconditionError):
 def lock_data_dir(layout: Layout, holder: str) -> int:
     """Take the owner lock for `holder` (a word for the message); returns the fd whose closing releases
     it (so does the process's death). Raises FailedPreconditionError, naming the holder and its pid,
-    when another process has the lock."""
+    when another process has the lock. A lock file a root process creates is the data dir's owner's."""
+    ownership.create_file(layout.lock_file, 0o600, layout.data_dir)
     fd = os.open(layout.lock_file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -6,6 +6,8 @@ of volumes share commits (groupcommit.Transactions); each still returns only onc
 Rows carry a monotonically increasing `seq` (never reused), which orders listings and backs paging
 tokens.
 Thread-safe: one connection guarded by a lock; several processes may share the file (busy timeout).
+A database a root process creates is the data dir's owner's, and so are its -wal and -shm files
+(ownership.py).
 """
 
 from __future__ import annotations
@@ -18,56 +20,10 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, NamedTuple
 
+from csi.backends.local import ownership
 from csi.backends.local.groupcommit import FileFirst, Transactions
+from csi.backends.local.schema import SCHEMA
 from csi.failures import FailedPreconditionError, LimitExceededError, NotFoundError, OutOfCapacityError
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS volumes (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    id TEXT NOT NULL UNIQUE,
-    name TEXT NOT NULL UNIQUE,
-    size INTEGER NOT NULL,
-    spec TEXT NOT NULL,
-    mutable TEXT NOT NULL,
-    created REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS attachments (
-    volume_id TEXT NOT NULL,
-    node_id TEXT NOT NULL,
-    readonly INTEGER NOT NULL,
-    PRIMARY KEY (volume_id, node_id)
-);
-CREATE INDEX IF NOT EXISTS attachments_node ON attachments (node_id);
-CREATE TABLE IF NOT EXISTS snapshots (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    id TEXT NOT NULL UNIQUE,
-    name TEXT UNIQUE,
-    source_volume_id TEXT NOT NULL,
-    size INTEGER NOT NULL,
-    created REAL NOT NULL,
-    group_id TEXT NOT NULL DEFAULT ''
-);
-CREATE INDEX IF NOT EXISTS snapshots_source ON snapshots (source_volume_id);
-CREATE INDEX IF NOT EXISTS snapshots_group ON snapshots (group_id);
-CREATE TABLE IF NOT EXISTS groups (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    id TEXT NOT NULL UNIQUE,
-    name TEXT NOT NULL UNIQUE,
-    volume_ids TEXT NOT NULL,
-    created REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS health_marks (
-    volume_id TEXT NOT NULL,
-    reason TEXT NOT NULL,
-    message TEXT NOT NULL,
-    since REAL NOT NULL,
-    PRIMARY KEY (volume_id, reason)
-);
-CREATE TABLE IF NOT EXISTS growth (
-    volume_id TEXT PRIMARY KEY,
-    from_size INTEGER NOT NULL
-);
-"""
 
 
 class NameTaken(Exception):
@@ -127,6 +83,7 @@ class Store:
     def __init__(self, path: str) -> None:
         self.path = path
         self._lock = threading.Lock()
+        ownership.create_file(path, 0o644, os.path.dirname(os.path.abspath(path)))  # SQLite's own mode
         self._db = sqlite3.connect(path, timeout=30.0, isolation_level=None, check_same_thread=False)
         self._db.row_factory = sqlite3.Row
         self._db.execute("PRAGMA journal_mode=WAL")
