@@ -1,4 +1,5 @@
-# Entry points; the README's two commands are `make demo` and `make test`.
+# Shorthands once scripts/setup has installed make; the README's two commands are scripts/demo and
+# scripts/test, which need nothing installed first.
 .PHONY: setup test test-fast demo proto lint e2e
 
 setup:
@@ -8,8 +9,7 @@ test:
 	scripts/test
 
 demo:
-	scripts/setup --runtime
-	.venv/bin/ballast-csi demo
+	scripts/demo
 
 proto:
 	.venv/bin/python proto/generate.py

@@ -1,6 +1,7 @@
 """Driver configuration: flags with environment fallbacks, grouped by the part of the driver they steer.
 
-`parse_args(argv)` builds a frozen Config or exits 2 with a message naming the offending flag.
+`parse_args(argv)` builds a frozen Config or exits 2 with a message naming the offending flag (and its
+environment variable when that gave the value: csi/envflags.py checks those exactly like the flag).
 Nothing here touches the filesystem or network; `Config.validate()` checks values only.
 """
 
@@ -15,6 +16,7 @@ from typing import Any, NamedTuple
 
 from csi import backend_registry as registry
 from csi.commands import add_subcommands
+from csi.envflags import EnvArgumentParser, EnvDefault
 
 MODES = ("all", "controller", "node")
 DEFAULT_ENDPOINT = "unix:///run/csi/socket.sock"
@@ -133,10 +135,6 @@ def _endpoint(text: str) -> str:
     raise argparse.ArgumentTypeError(f"expected unix:///path/to/csi.sock, got {text!r}")
 
 
-def _env(name: str, default: str) -> str:
-    return os.environ.get(name) or default
-
-
 def _backend(text: str) -> str:
     try:
         return registry.check_name(text)
@@ -146,7 +144,7 @@ def _backend(text: str) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     """The `ballast-csi` command line; each flag documents its environment fallback."""
-    p = argparse.ArgumentParser(
+    p = EnvArgumentParser(
         prog="ballast-csi",
         description="Ballast CSI driver (CSI v1.13): Identity, Controller, Node and SnapshotMetadata over a "
         "unix socket.",
@@ -164,37 +162,37 @@ def _server_flags(srv: argparse._ArgumentGroup) -> None:
     srv.add_argument(
         "--mode",
         choices=MODES,
-        default=_env("BALLAST_MODE", "all"),
+        default=EnvDefault("BALLAST_MODE", "all"),
         help="services to serve: all, controller or node [BALLAST_MODE] (default: all)",
     )
     srv.add_argument(
         "--endpoint",
         type=_endpoint,
-        default=_env("CSI_ENDPOINT", DEFAULT_ENDPOINT),
+        default=EnvDefault("CSI_ENDPOINT", DEFAULT_ENDPOINT),
         help=f"gRPC endpoint, unix:///path.sock or loopback tcp:// [CSI_ENDPOINT] "
         f"(default: {DEFAULT_ENDPOINT})",
     )
     srv.add_argument(
         "--workers",
         type=_positive,
-        default=_env("BALLAST_WORKERS", "16"),
+        default=EnvDefault("BALLAST_WORKERS", "16"),
         help="gRPC worker threads [BALLAST_WORKERS] (default: 16)",
     )
     srv.add_argument(
         "--metrics-address",
-        default=_env("BALLAST_METRICS_ADDRESS", ""),
+        default=EnvDefault("BALLAST_METRICS_ADDRESS", ""),
         help="host:port serving /metrics and /healthz; empty disables [BALLAST_METRICS_ADDRESS]",
     )
     srv.add_argument(
         "--log-format",
         choices=("text", "json"),
-        default=_env("BALLAST_LOG_FORMAT", "text"),
+        default=EnvDefault("BALLAST_LOG_FORMAT", "text"),
         help="log line format [BALLAST_LOG_FORMAT] (default: text)",
     )
     srv.add_argument(
         "--log-level",
         choices=("debug", "info", "warning", "error"),
-        default=_env("BALLAST_LOG_LEVEL", "info"),
+        default=EnvDefault("BALLAST_LOG_LEVEL", "info"),
         help="log level [BALLAST_LOG_LEVEL] (default: info)",
     )
 
@@ -203,36 +201,36 @@ def _backend_flags(be: argparse._ArgumentGroup) -> None:
     be.add_argument(
         "--backend",
         type=_backend,
-        default=_env("BALLAST_BACKEND", "local"),
+        default=EnvDefault("BALLAST_BACKEND", "local"),
         help="cloud backend: local, aws, or one an installed package provides through the "
         f"'{registry.ENTRY_POINT_GROUP}' entry-point group [BALLAST_BACKEND] (default: local)",
     )
     be.add_argument(
         "--driver-name",
-        default=_env("BALLAST_DRIVER_NAME", ""),
+        default=EnvDefault("BALLAST_DRIVER_NAME", ""),
         help="CSI driver name [BALLAST_DRIVER_NAME] (default per backend: "
         + ", ".join(f"{k}: {v.driver_name}" for k, v in registry.BUILTIN.items())
         + "; others: the backend's own)",
     )
     be.add_argument(
         "--data-dir",
-        default=_env("BALLAST_DATA_DIR", "/var/lib/ballast"),
+        default=EnvDefault("BALLAST_DATA_DIR", "/var/lib/ballast"),
         help="local backend: volume files and state database [BALLAST_DATA_DIR] (default: /var/lib/ballast)",
     )
     be.add_argument(
         "--zone",
-        default=_env("BALLAST_ZONE", "local"),
+        default=EnvDefault("BALLAST_ZONE", "local"),
         help="local backend: topology zone of this data dir [BALLAST_ZONE] (default: local)",
     )
     be.add_argument(
         "--region",
-        default=_env("BALLAST_REGION", ""),
+        default=EnvDefault("BALLAST_REGION", ""),
         help="local backend: optional topology region [BALLAST_REGION]",
     )
     be.add_argument(
         "--capacity",
         type=_size,
-        default=_env("BALLAST_CAPACITY", "0"),
+        default=EnvDefault("BALLAST_CAPACITY", "0"),
         help="local backend: upper bound on provisioned bytes, e.g. 100Gi; 0 = free space of "
         "the data dir [BALLAST_CAPACITY]",
     )
@@ -242,18 +240,18 @@ def _backend_flags(be: argparse._ArgumentGroup) -> None:
 def _aws_flags(be: argparse._ArgumentGroup) -> None:
     be.add_argument(
         "--aws-region",
-        default=_env("AWS_REGION", ""),
+        default=EnvDefault("AWS_REGION", ""),
         help="aws backend: region; empty = from instance metadata [AWS_REGION]",
     )
     be.add_argument(
         "--aws-endpoint-url",
-        default=_env("AWS_ENDPOINT_URL_EC2", ""),
+        default=EnvDefault("AWS_ENDPOINT_URL_EC2", ""),
         help="aws backend: EC2 endpoint override (tests, private endpoints) [AWS_ENDPOINT_URL_EC2]",
     )
     be.add_argument(
         "--aws-describe-batch-window",
         type=_batch_window,
-        default=_env("BALLAST_AWS_DESCRIBE_BATCH_WINDOW", "0"),
+        default=EnvDefault("BALLAST_AWS_DESCRIBE_BATCH_WINDOW", "0"),
         help="aws backend: seconds (0 to 0.5) concurrent Describe lookups of volumes and instances wait to "
         "share one EC2 call; 0 = off [BALLAST_AWS_DESCRIBE_BATCH_WINDOW] (default: 0)",
     )
@@ -277,7 +275,7 @@ def _metadata_flags(md: argparse._ArgumentGroup) -> None:
     md.add_argument(
         "--snapshot-metadata-block-type",
         choices=("variable", "fixed"),
-        default=_env("BALLAST_SNAPSHOT_METADATA_BLOCK_TYPE", "variable"),
+        default=EnvDefault("BALLAST_SNAPSHOT_METADATA_BLOCK_TYPE", "variable"),
         help="how GetMetadataAllocated/GetMetadataDelta describe ranges: variable (merged ranges, "
         "VARIABLE_LENGTH) or fixed (one block per range, FIXED_LENGTH) "
         "[BALLAST_SNAPSHOT_METADATA_BLOCK_TYPE]",
@@ -285,7 +283,7 @@ def _metadata_flags(md: argparse._ArgumentGroup) -> None:
     md.add_argument(
         "--snapshot-metadata-block-size",
         type=_block_size,
-        default=_env("BALLAST_SNAPSHOT_METADATA_BLOCK_SIZE", "0"),
+        default=EnvDefault("BALLAST_SNAPSHOT_METADATA_BLOCK_SIZE", "0"),
         help="block size of the changed-block metadata, a power of two from 4Ki to 1Mi; 0 = the backend's "
         "own (local: 64Ki, aws: 512Ki) [BALLAST_SNAPSHOT_METADATA_BLOCK_SIZE]",
     )
@@ -294,52 +292,53 @@ def _metadata_flags(md: argparse._ArgumentGroup) -> None:
 def _node_flags(nd: argparse._ArgumentGroup) -> None:
     nd.add_argument(
         "--node-id",
-        default=_env("CSI_NODE_ID", ""),
+        default=EnvDefault("CSI_NODE_ID", ""),
         help="node id reported by NodeGetInfo [CSI_NODE_ID] (default: the host name; aws: instance id)",
     )
     nd.add_argument(
         "--node-name",
-        default=_env("CSI_NODE_NAME", ""),
+        default=EnvDefault("CSI_NODE_NAME", ""),
         help="Kubernetes Node this plugin serves; once registered it removes the startup taint "
         "<driver-name>/agent-not-ready from that Node; empty: leave taints alone [CSI_NODE_NAME]",
     )
     nd.add_argument(
         "--max-volumes-per-node",
         type=_non_negative,
-        default=_env("BALLAST_MAX_VOLUMES_PER_NODE", "0"),
+        default=EnvDefault("BALLAST_MAX_VOLUMES_PER_NODE", "0"),
         help="attach limit per node; 0 = backend default [BALLAST_MAX_VOLUMES_PER_NODE]",
     )
     nd.add_argument(
         "--kubelet-dir",
-        default=_env("BALLAST_KUBELET_DIR", "/var/lib/kubelet"),
+        type=_absolute,
+        default=EnvDefault("BALLAST_KUBELET_DIR", "/var/lib/kubelet"),
         help="kubelet root; staging and target paths must be under it or an allowed prefix "
         "[BALLAST_KUBELET_DIR] (default: /var/lib/kubelet)",
     )
     nd.add_argument(
         "--allowed-path-prefix",
         action="append",
-        default=[x for x in _env("BALLAST_ALLOWED_PATH_PREFIXES", "").split(":") if x],
+        type=_absolute,
+        default=EnvDefault("BALLAST_ALLOWED_PATH_PREFIXES", "", separator=":"),
         help="extra directory under which staging/target paths are allowed; repeatable "
         "[BALLAST_ALLOWED_PATH_PREFIXES, colon-separated]",
     )
     nd.add_argument(
         "--format-concurrency",
         type=_positive,
-        default=_env("BALLAST_FORMAT_CONCURRENCY", "2"),
+        default=EnvDefault("BALLAST_FORMAT_CONCURRENCY", "2"),
         help="mkfs/fsck run at once on a node [BALLAST_FORMAT_CONCURRENCY] (default: 2)",
     )
 
 
-def _absolute(parser: argparse.ArgumentParser, flag: str, path: str) -> str:
+def _absolute(path: str) -> str:
     if not os.path.isabs(path) or os.path.normpath(path) != path.rstrip("/") or ".." in path.split("/"):
-        parser.error(f"{flag} must be an absolute, normalised path, got {path!r}")
+        raise argparse.ArgumentTypeError(f"must be an absolute, normalised path, got {path!r}")
     return path
 
 
-def from_namespace(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> Config:
-    """Build the frozen Config from parsed flags; path problems exit 2 naming the flag."""
+def from_namespace(ns: argparse.Namespace) -> Config:
+    """Build the frozen Config from parsed (already checked) flags."""
     driver_name = ns.driver_name or registry.default_driver_name(ns.backend)
-    prefixes = tuple(_absolute(parser, "--allowed-path-prefix", x) for x in ns.allowed_path_prefix)
     return Config(
         server=ServerConfig(
             mode=ns.mode,
@@ -354,7 +353,7 @@ def from_namespace(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> C
         backend=BackendConfig(
             name=ns.backend,
             driver_name=driver_name,
-            data_dir=_absolute(parser, "--data-dir", os.path.abspath(ns.data_dir)),
+            data_dir=os.path.abspath(ns.data_dir),
             zone=ns.zone,
             region=ns.region,
             capacity_bytes=ns.capacity,
@@ -366,8 +365,8 @@ def from_namespace(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> C
             node_id=ns.node_id or socket.gethostname(),
             node_name=ns.node_name,
             max_volumes_per_node=ns.max_volumes_per_node,
-            kubelet_dir=_absolute(parser, "--kubelet-dir", ns.kubelet_dir),
-            allowed_path_prefixes=prefixes,
+            kubelet_dir=ns.kubelet_dir,
+            allowed_path_prefixes=tuple(ns.allowed_path_prefix),
             format_concurrency=ns.format_concurrency,
         ),
     )
@@ -375,6 +374,5 @@ def from_namespace(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> C
 
 def parse_args(argv: Sequence[str] | None = None) -> tuple[Config, argparse.Namespace]:
     """Parse the command line; exits 2 with a message naming the flag on bad input."""
-    parser = build_parser()
-    ns = parser.parse_args(argv)
-    return from_namespace(ns, parser), ns
+    ns = build_parser().parse_args(argv)
+    return from_namespace(ns), ns

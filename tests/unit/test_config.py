@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
 import pytest
 
 from csi.config import build_parser, parse_args
+from csi.envflags import EnvDefault
 
 
 def test_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -54,6 +56,52 @@ def test_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
         ),
         pytest.param({}, ["--capacity", "10Gi"], "backend.capacity_bytes", 10 * 1024**3, id="capacity-size"),
         pytest.param({"BALLAST_WORKERS": "4"}, [], "server.workers", 4, id="workers-env"),
+        pytest.param({"BALLAST_MODE": "node"}, [], "server.mode", "node", id="mode-env"),
+        pytest.param({"BALLAST_MODE": ""}, [], "server.mode", "all", id="empty-env-counts-as-unset"),
+        pytest.param({"BALLAST_LOG_FORMAT": "json"}, [], "server.log_format", "json", id="log-format-env"),
+        pytest.param({"BALLAST_LOG_LEVEL": "debug"}, [], "server.log_level", "debug", id="log-level-env"),
+        pytest.param(
+            {"BALLAST_SNAPSHOT_METADATA_BLOCK_TYPE": "fixed"},
+            [],
+            "server.snapshot_metadata_block_type",
+            "fixed",
+            id="block-type-env",
+        ),
+        pytest.param(
+            {"BALLAST_SNAPSHOT_METADATA_BLOCK_SIZE": "4Ki"},
+            [],
+            "server.snapshot_metadata_block_size",
+            4096,
+            id="block-size-env-through-its-type",
+        ),
+        pytest.param(
+            {"BALLAST_ALLOWED_PATH_PREFIXES": "/srv/a::/srv/b"},
+            [],
+            "node.allowed_path_prefixes",
+            ("/srv/a", "/srv/b"),
+            id="path-prefixes-env-colon-separated",
+        ),
+        pytest.param(
+            {"BALLAST_MODE": "node"},
+            ["--mode", "controller"],
+            "server.mode",
+            "controller",
+            id="mode-flag-beats-env",
+        ),
+        pytest.param(
+            {"BALLAST_MODE": "bogus"},
+            ["--mode", "node"],
+            "server.mode",
+            "node",
+            id="flag-beats-bad-env-unread",
+        ),
+        pytest.param(
+            {"BALLAST_ALLOWED_PATH_PREFIXES": "/env/a"},
+            ["--allowed-path-prefix=/flag/b"],
+            "node.allowed_path_prefixes",
+            ("/flag/b",),
+            id="path-prefix-flag-replaces-env-list",
+        ),
         pytest.param(
             {},
             ["--allowed-path-prefix", "/srv/a", "--allowed-path-prefix", "/srv/b"],
@@ -105,14 +153,64 @@ def test_bad_flags_exit_2_naming_the_flag(
     assert flag in capsys.readouterr().err
 
 
-def test_bad_env_value_names_the_flag(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize(
+    ("var", "value", "flag"),
+    [
+        pytest.param("BALLAST_MODE", "bogus", "--mode", id="mode-not-a-choice"),
+        pytest.param("BALLAST_LOG_FORMAT", "xml", "--log-format", id="log-format-not-a-choice"),
+        pytest.param("BALLAST_LOG_LEVEL", "trace", "--log-level", id="log-level-not-a-choice"),
+        pytest.param(
+            "BALLAST_SNAPSHOT_METADATA_BLOCK_TYPE",
+            "foo",
+            "--snapshot-metadata-block-type",
+            id="block-type-not-a-choice",
+        ),
+        pytest.param("BALLAST_WORKERS", "many", "--workers", id="workers-not-a-number"),
+        pytest.param("CSI_ENDPOINT", "/tmp/x.sock", "--endpoint", id="endpoint-no-scheme"),
+        pytest.param("BALLAST_BACKEND", "nosuch", "--backend", id="unknown-backend"),
+        pytest.param("BALLAST_CAPACITY", "lots", "--capacity", id="capacity-not-a-size"),
+        pytest.param(
+            "BALLAST_AWS_DESCRIBE_BATCH_WINDOW",
+            "2",
+            "--aws-describe-batch-window",
+            id="batch-window-too-long",
+        ),
+        pytest.param(
+            "BALLAST_SNAPSHOT_METADATA_BLOCK_SIZE",
+            "3Ki",
+            "--snapshot-metadata-block-size",
+            id="block-size-odd",
+        ),
+        pytest.param("BALLAST_MAX_VOLUMES_PER_NODE", "-1", "--max-volumes-per-node", id="negative-max"),
+        pytest.param("BALLAST_KUBELET_DIR", "var/lib/kubelet", "--kubelet-dir", id="relative-kubelet-dir"),
+        pytest.param(
+            "BALLAST_ALLOWED_PATH_PREFIXES", "/srv/a:srv/b", "--allowed-path-prefix", id="one-relative-prefix"
+        ),
+        pytest.param("BALLAST_FORMAT_CONCURRENCY", "0", "--format-concurrency", id="zero-format-concurrency"),
+    ],
+)
+def test_bad_env_value_exits_2_naming_flag_and_variable(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], var: str, value: str, flag: str
 ) -> None:
-    monkeypatch.setenv("BALLAST_WORKERS", "many")
+    monkeypatch.setenv(var, value)
     with pytest.raises(SystemExit) as exited:
         parse_args([])
     assert exited.value.code == 2
-    assert "--workers" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"argument {flag}:" in err and f"environment variable {var}" in err
+
+
+def test_every_env_fallback_in_the_help_is_an_env_default() -> None:
+    """A flag whose help names a variable reads it through EnvDefault (checked like the flag) only."""
+    named = {}
+    for action in build_parser()._actions:
+        found = re.findall(r"\[([A-Z][A-Z0-9_]+)[,\]]", action.help or "")
+        if found:
+            named[found[0]] = action.default
+    assert len(named) >= 20
+    assert {
+        var: type(d).__name__ for var, d in named.items() if not (isinstance(d, EnvDefault) and d.var == var)
+    } == {}
 
 
 def test_help_documents_every_flag() -> None:
