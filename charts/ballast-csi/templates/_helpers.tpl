@@ -140,6 +140,12 @@ seccompProfile:
 {{- end -}}
 {{- end -}}
 
+{{/* timeoutSeconds of the kubelet probes that call the livenessprobe sidecar: its --probe-timeout (whole
+seconds, "10s") plus one, so the sidecar answers with the driver's error before kubelet gives up. */}}
+{{- define "ballast.healthProbeTimeoutSeconds" -}}
+{{- add1 (.Values.sidecars.livenessProbe.probeTimeout | trimSuffix "s" | atoi) -}}
+{{- end -}}
+
 {{/* Sidecar arguments for leader election. */}}
 {{- define "ballast.leaderElectionArgs" -}}
 - --leader-election=true
