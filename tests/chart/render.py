@@ -129,14 +129,18 @@ def run_helm(args: list[str], values: dict[str, Any]) -> subprocess.CompletedPro
         )
 
 
-@functools.cache
-def _render_cached(set_id: str) -> tuple[Obj, ...]:
+def render_values(values: dict[str, Any]) -> list[Obj]:
+    """Objects `helm template` renders for `values` over the chart defaults (not cached)."""
     result = run_helm(
-        ["template", "ballast", "--namespace", "kube-system", "--kube-version", RENDER_KUBE_VERSION],
-        VALUE_SETS[set_id],
+        ["template", "ballast", "--namespace", "kube-system", "--kube-version", RENDER_KUBE_VERSION], values
     )
     assert result.returncode == 0, result.stderr
-    return tuple(doc for doc in yaml.safe_load_all(result.stdout) if doc)
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+@functools.cache
+def _render_cached(set_id: str) -> tuple[Obj, ...]:
+    return tuple(render_values(VALUE_SETS[set_id]))
 
 
 def render(set_id: str) -> list[Obj]:

@@ -48,6 +48,10 @@ EXPECTED: dict[str, set[R]] = {
         rule("snapshot.storage.k8s.io", "volumesnapshotclasses", *WATCH),
         rule("snapshot.storage.k8s.io", "volumesnapshotcontents", *WATCH, "update", "patch"),
         rule("snapshot.storage.k8s.io", "volumesnapshotcontents/status", "update", "patch"),
+        # Group snapshots: without these csi-snapshotter turns the feature off at start-up.
+        rule("groupsnapshot.storage.k8s.io", "volumegroupsnapshotclasses", *WATCH),
+        rule("groupsnapshot.storage.k8s.io", "volumegroupsnapshotcontents", *WATCH, "update", "patch"),
+        rule("groupsnapshot.storage.k8s.io", "volumegroupsnapshotcontents/status", "update", "patch"),
     },
     # The node plugin: reads its CSINode, removes <driver>/agent-not-ready from its own Node.
     "node": {

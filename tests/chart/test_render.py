@@ -119,6 +119,16 @@ def test_schema_check_catches_bad_objects(obj: Obj, field: str) -> None:
         pytest.param(
             {"sidecars": {"provisioner": {"leaderElection": False}}}, "leaderElection", id="sidecar-key"
         ),
+        pytest.param(
+            {"csiDriver": {"volumeLifecycleModes": ["Ephemeral"]}},
+            "volumeLifecycleModes",
+            id="inline-ephemeral-mode-the-driver-cannot-serve",
+        ),
+        pytest.param(
+            {"csiDriver": {"volumeLifecycleModes": ["Persistent", "Ephemeral"]}},
+            "volumeLifecycleModes",
+            id="inline-ephemeral-mode-next-to-persistent",
+        ),
     ],
 )
 def test_values_schema_rejects(values: dict[str, Any], message: str) -> None:

@@ -2,7 +2,19 @@
 
 from __future__ import annotations
 
-from tests.chart.render import Obj, containers, mounts, only, pod_spec, render, values_of, volumes
+import pytest
+
+from tests.chart.render import (
+    Obj,
+    containers,
+    mounts,
+    only,
+    pod_spec,
+    render,
+    render_values,
+    values_of,
+    volumes,
+)
 
 
 def effective(pod: Obj, container: Obj, key: str) -> object:
@@ -65,8 +77,62 @@ def test_node_pod_is_node_critical_and_tolerates_taints(set_id: str) -> None:
     spec = pod_spec(only(render(set_id), "DaemonSet"))
     assert spec["priorityClassName"] == "system-node-critical"
     node_values = values_of(set_id)["node"]
-    expected = [{"operator": "Exists"}] if node_values["tolerateAllTaints"] else node_values["tolerations"]
-    assert spec["tolerations"] == expected
+    if node_values["tolerateAllTaints"]:
+        assert spec["tolerations"] == [{"operator": "Exists"}]
+    else:
+        assert spec["tolerations"][:-1] == node_values["tolerations"]
+
+
+def tolerated(tolerations: list[Obj], key: str, effect: str, value: str = "") -> bool:
+    """Whether a taint is tolerated, by Kubernetes' matching rule (empty key with Exists: every key;
+    empty effect: every effect; Equal, the default operator, also compares the value)."""
+    for t in tolerations:
+        if t.get("effect") not in (None, "", effect):
+            continue
+        if t.get("operator") == "Exists":
+            if t.get("key", "") in ("", key):
+                return True
+        elif t.get("key") == key and t.get("value", "") == value:
+            return True
+    return False
+
+
+@pytest.mark.parametrize(
+    ("values", "taint_key"),
+    [
+        pytest.param({}, "local.csi.ballast.dev/agent-not-ready", id="tolerate-all-default"),
+        pytest.param(
+            {"node": {"tolerateAllTaints": False}},
+            "local.csi.ballast.dev/agent-not-ready",
+            id="own-tolerations-local",
+        ),
+        pytest.param(
+            {"backend": {"name": "aws"}, "node": {"tolerateAllTaints": False}},
+            "ebs.csi.aws.com/agent-not-ready",
+            id="own-tolerations-aws",
+        ),
+        pytest.param(
+            {
+                "backend": {"driverName": "disk.example.com"},
+                "node": {
+                    "tolerateAllTaints": False,
+                    "tolerations": [{"key": "storage", "operator": "Exists", "effect": "NoSchedule"}],
+                },
+            },
+            "disk.example.com/agent-not-ready",
+            id="own-tolerations-custom-driver-name",
+        ),
+    ],
+)
+def test_node_pod_lands_on_nodes_that_carry_its_startup_taint(values: Obj, taint_key: str) -> None:
+    """The node plugin removes <driver>/agent-not-ready:NoExecute from its Node: if the DaemonSet did
+    not tolerate that taint it would never run on such a node, and the taint would never go."""
+    tolerations = pod_spec(only(render_values(values), "DaemonSet"))["tolerations"]
+    assert tolerated(tolerations, taint_key, "NoExecute")
+    if not values.get("node", {}).get("tolerateAllTaints", True):
+        # Only the startup taint (and what the user listed): no other taint is tolerated on the way.
+        assert not tolerated(tolerations, "node.example.com/other", "NoExecute")
+        assert not tolerated(tolerations, "other.csi.example.com/agent-not-ready", "NoExecute")
 
 
 def test_node_plugin_gets_a_token_and_its_node_name_for_the_startup_taint(set_id: str) -> None:

@@ -12,6 +12,7 @@ from tests.chart.render import (
     of_kind,
     only,
     render,
+    render_values,
     resolved_args,
     values_of,
     volumes,
@@ -118,6 +119,28 @@ def test_no_migration_gate_reaches_the_driver_or_a_sidecar(set_id: str) -> None:
         for name, container in containers(workload).items():
             args = resolved_args(container)
             assert not any("CSIMigration" in a or "InTreePlugin" in a for a in args), name
+
+
+@pytest.mark.parametrize(
+    ("gates", "flags"),
+    [
+        pytest.param(None, [], id="default-renders-no-flag"),
+        pytest.param({}, [], id="empty-renders-no-flag"),
+        pytest.param(
+            {"CrossNamespaceVolumeDataSource": True, "ExampleGate": False},
+            ["CrossNamespaceVolumeDataSource=true,ExampleGate=false"],
+            id="set-gates-render-as-one-flag",
+        ),
+    ],
+)
+def test_provisioner_feature_gates_render_only_when_set(
+    gates: dict[str, bool] | None, flags: list[str]
+) -> None:
+    """No default gate: Topology is GA in the provisioner (on anyway) and naming it only logs a
+    deprecation warning until upstream removes it and the provisioner refuses to start."""
+    values = {} if gates is None else {"sidecars": {"provisioner": {"featureGates": gates}}}
+    provisioner = containers(only(render_values(values), "Deployment"))["csi-provisioner"]
+    assert flag_values(resolved_args(provisioner), "--feature-gates") == flags
 
 
 def test_controller_sidecars_elect_a_leader(set_id: str) -> None:

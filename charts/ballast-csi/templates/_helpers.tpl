@@ -131,13 +131,21 @@ seccompProfile:
   type: RuntimeDefault
 {{- end -}}
 
-{{/* Tolerations of the node DaemonSet. */}}
+{{/* Tolerations of the node DaemonSet: all, or node.tolerations plus the driver's startup taint
+<driver>/agent-not-ready:NoExecute, which only this pod removes (it must land on the nodes it untaints). */}}
 {{- define "ballast.nodeTolerations" -}}
 {{- if .Values.node.tolerateAllTaints -}}
 - operator: Exists
 {{- else -}}
-{{- toYaml .Values.node.tolerations -}}
+{{- $startup := dict "key" (printf "%s/agent-not-ready" (include "ballast.driverName" .)) "operator" "Exists" "effect" "NoExecute" -}}
+{{- toYaml (append (.Values.node.tolerations | default list) $startup) -}}
 {{- end -}}
+{{- end -}}
+
+{{/* timeoutSeconds of the kubelet probes that call the livenessprobe sidecar: its --probe-timeout (whole
+seconds, "10s") plus one, so the sidecar answers with the driver's error before kubelet gives up. */}}
+{{- define "ballast.healthProbeTimeoutSeconds" -}}
+{{- add1 (.Values.sidecars.livenessProbe.probeTimeout | trimSuffix "s" | atoi) -}}
 {{- end -}}
 
 {{/* Sidecar arguments for leader election. */}}
