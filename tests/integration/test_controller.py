@@ -175,6 +175,20 @@ def test_full_controller_journey(driver: Driver, client: CsiClient) -> None:
             Code.INVALID_ARGUMENT,
             id="name-too-long",
         ),
+        *(
+            pytest.param(
+                "CreateVolume",
+                csi_pb2.CreateVolumeRequest(name="v", volume_capabilities=[MOUNT], parameters=params),
+                Code.INVALID_ARGUMENT,
+                id=f"mkfs-option-nodestage-refuses-{name}",
+            )
+            for name, params in [
+                ("xfs-inode-128", {"fsType": "xfs", "inodeSize": "128"}),
+                ("xfs-inode-4096", {"fsType": "xfs", "inodeSize": "4096"}),
+                ("ext4-block-512", {"fsType": "ext4", "blockSize": "512"}),
+                ("cluster-without-bigalloc", {"ext4ClusterSize": "65536"}),
+            ]
+        ),
     ],
 )
 def test_error_codes_over_the_wire(
