@@ -96,7 +96,7 @@ class ControllerService(ControllerHealthRPCs, csi_pb2_grpc.ControllerServicer):
         size = capacity_bytes(
             request.capacity_range, default=b.default_size, granularity=b.size_granularity, minimum=b.min_size
         )
-        volume_context, rest = split_parameters(request.parameters)
+        volume_context, rest = split_parameters(request.parameters, caps)
         options = DiskOptions(
             size_bytes=size,
             parameters=self._backend.validate_parameters(rest),
@@ -174,7 +174,7 @@ class ControllerService(ControllerHealthRPCs, csi_pb2_grpc.ControllerServicer):
             _check_fs_type(caps)
             if not disk.multi_node and any(c.access_mode.mode in MULTI_NODE_MODES for c in caps):
                 raise InvalidParameterError(f"volume {disk.id} was created for a single node")
-            _, rest = split_parameters(request.parameters)
+            _, rest = split_parameters(request.parameters, caps)
             self._backend.validate_parameters(rest)
             if request.mutable_parameters:
                 self._mutable(dict(request.mutable_parameters))
@@ -218,7 +218,7 @@ class ControllerService(ControllerHealthRPCs, csi_pb2_grpc.ControllerServicer):
         self._caps.require_controller(CRPC.GET_CAPACITY, "GetCapacity")
         if request.volume_capabilities:
             check_capabilities(request.volume_capabilities)
-        _, rest = split_parameters(request.parameters)
+        _, rest = split_parameters(request.parameters, request.volume_capabilities)
         params = self._backend.validate_parameters(rest)
         topology = (
             dict(request.accessible_topology.segments) if request.HasField("accessible_topology") else None

@@ -27,6 +27,12 @@ def parse_fs_type(value: str) -> str:
     return fs
 
 
+def requested_fs_type(cap_fs_type: str, volume_context: Mapping[str, str]) -> str:
+    """The filesystem a mount asks for: the capability's fs_type, else the volume's fsType attribute;
+    '' when neither does (check_fs_type then picks DEFAULT_FS_TYPE)."""
+    return cap_fs_type or volume_context.get(keys.VC_FS_TYPE, "")
+
+
 def check_fs_type(value: str, what: str = "fs type") -> str:
     """The filesystem to use: '' -> ext4; anything else outside ext4/ext3/xfs -> InvalidParameterError."""
     if not value:
@@ -212,39 +218,45 @@ _EXT_MKFS: MkfsTable = {
 _EXT4_CLUSTER: MkfsTable = {keys.EXT4_CLUSTER_SIZE: ("-C", "", power_of_two(1024, 2**29))}
 
 
-def mkfs_argv(device: str, fs_type: str, options: Mapping[str, str]) -> list[str]:
-    """mkfs command for `device`; format options (keys.FORMAT_KEYS) are validated again here."""
+VOLUME_ATTRIBUTE = "volume attribute"
+
+
+def mkfs_argv(
+    device: str, fs_type: str, options: Mapping[str, str], what: str = VOLUME_ATTRIBUTE
+) -> list[str]:
+    """mkfs command for `device`; format options (keys.FORMAT_KEYS) are validated again here. The one
+    statement of which options each filesystem takes: an option it refuses -> InvalidParameterError
+    naming it as `what` (where the user wrote it) and what is allowed."""
     fs_type = check_fs_type(fs_type)
     opts = {k: v for k, v in options.items() if k in keys.FORMAT_KEYS and v != ""}
     if fs_type == "xfs":
         bad = sorted(set(opts) - set(_XFS_MKFS))
         if bad:
-            raise InvalidParameterError(f"volume attribute(s) {', '.join(bad)} do not apply to xfs")
-        return ["mkfs.xfs", "-q", *_mkfs_flags(opts, _XFS_MKFS), device]
-    bigalloc = checked(boolean, keys.EXT4_BIGALLOC, opts.get(keys.EXT4_BIGALLOC, "false"), VOLUME_ATTRIBUTE)
+            raise InvalidParameterError(f"{what}(s) {', '.join(bad)} do not apply to xfs")
+        return ["mkfs.xfs", "-q", *_mkfs_flags(opts, _XFS_MKFS, f"xfs {what}"), device]
+    bigalloc = checked(boolean, keys.EXT4_BIGALLOC, opts.get(keys.EXT4_BIGALLOC, "false"), what)
     cluster = keys.EXT4_CLUSTER_SIZE in opts
     if (bigalloc == "true" or cluster) and fs_type != "ext4":
-        raise InvalidParameterError(f"{keys.EXT4_BIGALLOC}/{keys.EXT4_CLUSTER_SIZE} apply to ext4 only")
+        raise InvalidParameterError(
+            f"{what}s {keys.EXT4_BIGALLOC}/{keys.EXT4_CLUSTER_SIZE} apply to ext4 only, not {fs_type}"
+        )
     if cluster and bigalloc != "true":
-        raise InvalidParameterError(f"{keys.EXT4_CLUSTER_SIZE} needs {keys.EXT4_BIGALLOC}=true")
+        raise InvalidParameterError(f"{what} {keys.EXT4_CLUSTER_SIZE} needs {keys.EXT4_BIGALLOC}=true")
     bigalloc_flags = ["-O", "bigalloc"] if bigalloc == "true" else []
     return [
         f"mkfs.{fs_type}",
         "-q",
-        *_mkfs_flags(opts, _EXT_MKFS),
+        *_mkfs_flags(opts, _EXT_MKFS, f"{fs_type} {what}"),
         *bigalloc_flags,
-        *_mkfs_flags(opts, _EXT4_CLUSTER),
+        *_mkfs_flags(opts, _EXT4_CLUSTER, f"{fs_type} {what}"),
         device,
     ]
 
 
-VOLUME_ATTRIBUTE = "volume attribute"
-
-
-def _mkfs_flags(opts: Mapping[str, str], table: MkfsTable) -> list[str]:
-    """mkfs arguments for the options in `table`, each value checked."""
+def _mkfs_flags(opts: Mapping[str, str], table: MkfsTable, what: str) -> list[str]:
+    """mkfs arguments for the options in `table`, each value checked (a bad one named as `what`)."""
     out: list[str] = []
     for key, (flag, prefix, parser) in table.items():
         if key in opts:
-            out += [flag, prefix + checked(parser, key, opts[key], VOLUME_ATTRIBUTE)]
+            out += [flag, prefix + checked(parser, key, opts[key], what)]
     return out

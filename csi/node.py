@@ -13,13 +13,13 @@ from collections.abc import Mapping
 
 import grpc
 
-from csi import keys, paths, replies
+from csi import paths, replies
 from csi._proto import csi_pb2, csi_pb2_grpc
 from csi.backends.base import Backend
 from csi.capabilities import NRPC, Capabilities
 from csi.config import Config
 from csi.failures import FailedPreconditionError, InvalidParameterError, NotFoundError, OutOfRangeError
-from csi.filesystems import VFS_FLAGS, check_fs_type, check_mount_flags, mkfs_argv
+from csi.filesystems import VFS_FLAGS, check_fs_type, check_mount_flags, mkfs_argv, requested_fs_type
 from csi.health_rpcs import NodeHealthRPCs
 from csi.inflight import InFlight
 from csi.mount import Mounter
@@ -54,7 +54,7 @@ def _capability(request: object) -> csi_pb2.VolumeCapability:
 
 def _fs_type(cap: csi_pb2.VolumeCapability, volume_context: Mapping[str, str]) -> tuple[str, bool]:
     """(fs type, whether it was asked for explicitly)."""
-    asked = cap.mount.fs_type or volume_context.get(keys.VC_FS_TYPE, "")
+    asked = requested_fs_type(cap.mount.fs_type, volume_context)
     return check_fs_type(asked), bool(asked)
 
 

@@ -14,7 +14,7 @@ from google.protobuf.message import Message
 from csi import keys, values
 from csi._proto import csi_pb2
 from csi.failures import InvalidParameterError, OutOfRangeError
-from csi.filesystems import parse_fs_type
+from csi.filesystems import mkfs_argv, parse_fs_type, requested_fs_type
 
 AccessMode = csi_pb2.VolumeCapability.AccessMode
 
@@ -174,14 +174,11 @@ def capacity_bytes(cr: csi_pb2.CapacityRange, *, default: int, granularity: int,
 
 # ---- StorageClass parameters common to every backend
 
-EXT_ONLY_KEYS = frozenset(
-    {keys.BYTES_PER_INODE, keys.NUMBER_OF_INODES, keys.EXT4_BIGALLOC, keys.EXT4_CLUSTER_SIZE}
-)
-EXT4_ONLY_KEYS = frozenset({keys.EXT4_BIGALLOC, keys.EXT4_CLUSTER_SIZE})
 MAX_PARTITION = 128
 
 # mkfs-related StorageClass parameter -> parser returning the normalised value (ValueError: "expected ...").
-# Validated at CreateVolume and carried in volume_context under the same key.
+# Validated at CreateVolume and carried in volume_context under the same key. These are the ranges of
+# any filesystem; what one filesystem takes is filesystems.mkfs_argv's question (check_format).
 PARAMETER_PARSERS: dict[str, values.Parser] = {
     keys.BLOCK_SIZE: values.power_of_two(512, 65536),
     keys.INODE_SIZE: values.power_of_two(128, 4096),
@@ -192,12 +189,15 @@ PARAMETER_PARSERS: dict[str, values.Parser] = {
 }
 
 
-def split_parameters(parameters: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
-    """(volume_context entries, backend parameters) of CreateVolume parameters.
+def split_parameters(
+    parameters: Mapping[str, str], caps: Iterable[csi_pb2.VolumeCapability]
+) -> tuple[dict[str, str], dict[str, str]]:
+    """(volume_context entries, backend parameters) of CreateVolume parameters for a volume used with
+    `caps`.
 
     `csi.storage.k8s.io/` keys are dropped, except the fs type which (like the in-tree `fsType`) becomes
-    volume_context `fsType`; PARAMETER_PARSERS keys are validated and kept; everything else is returned
-    for Backend.validate_parameters. A bad value -> INVALID_ARGUMENT naming the key.
+    volume_context `fsType`; PARAMETER_PARSERS keys are validated (check_format) and kept; everything
+    else is returned for Backend.validate_parameters. A bad value -> INVALID_ARGUMENT naming the key.
     """
     context: dict[str, str] = {}
     rest: dict[str, str] = {}
@@ -209,12 +209,19 @@ def split_parameters(parameters: Mapping[str, str]) -> tuple[dict[str, str], dic
             context[key] = values.checked(PARAMETER_PARSERS[key], key, value)
         elif not key.startswith(keys.PREFIX_K8S):
             rest[key] = value
-    fs = context.get(keys.VC_FS_TYPE, "")
-    if fs and fs != "ext4" and (bad := sorted(EXT4_ONLY_KEYS & context.keys())):
-        raise InvalidParameterError(f"parameter {bad[0]} applies to ext4 only, not {fs}")
-    if fs == "xfs" and (bad := sorted(EXT_ONLY_KEYS & context.keys())):
-        raise InvalidParameterError(f"parameter {bad[0]} applies to ext3/ext4 only, not xfs")
+    check_format(context, caps)
     return context, rest
+
+
+def check_format(context: Mapping[str, str], caps: Iterable[csi_pb2.VolumeCapability]) -> None:
+    """The mkfs options of a volume_context as NodeStageVolume will check them (filesystems.mkfs_argv),
+    for the filesystem each mount capability would get on the node (filesystems.requested_fs_type);
+    without a mount capability, for the fsType parameter or the default. What the node would refuse (an
+    unsupported fs type too) -> INVALID_ARGUMENT naming the parameter and what is allowed, so no volume
+    is created that can never be staged."""
+    mounts = [c.mount.fs_type for c in caps if c.HasField("mount")]
+    for fs in sorted({requested_fs_type(fs, context) for fs in mounts or [""]}):
+        mkfs_argv("/dev/null", fs, context, "parameter")
 
 
 def strip_k8s_keys(parameters: Mapping[str, str]) -> dict[str, str]:

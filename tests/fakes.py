@@ -85,6 +85,11 @@ def all_capabilities(**overrides: Any) -> BackendCapabilities:
     return caps._replace(**overrides)
 
 
+def _but_placement(options: DiskOptions) -> DiskOptions:
+    """The options a repeated create must repeat: topology is compared as accessibility, not equality."""
+    return options._replace(requisite=(), preferred=())
+
+
 class FakeBackend(base.Backend):
     default_driver_name = "fake.csi.ballast.dev"
 
@@ -194,14 +199,17 @@ class FakeBackend(base.Backend):
     def create_volume(self, name: str, options: DiskOptions) -> Disk:
         self._enter("create_volume", name, options)
         with self._lock:
+            served = not options.requisite or any(
+                all(self.topology.get(k) == v for k, v in seg.items()) for seg in options.requisite
+            )
             for vid, disk in self.volumes.items():
                 if disk.name == name:
-                    if self.options[vid] != options:
+                    if _but_placement(self.options[vid]) != _but_placement(options):
                         raise AlreadyExistsError(f"volume {name!r} exists with different arguments")
+                    if not served:
+                        raise AlreadyExistsError(f"volume {name!r} exists outside the requisite topology")
                     return disk
-            if options.requisite and not any(
-                all(self.topology.get(k) == v for k, v in seg.items()) for seg in options.requisite
-            ):
+            if not served:
                 raise OutOfCapacityError("no requisite topology segment is served by this backend")
             if options.source is not None:
                 size = self._source_size(options.source)

@@ -43,6 +43,24 @@ def test_the_same_name_with_other_options_already_exists(subject: Subject) -> No
         subject.backend.create_volume("pvc-a", _options(subject, 3))
 
 
+def test_the_same_name_is_returned_only_where_the_requisite_topology_allows(subject: Subject) -> None:
+    """Spec: an existing volume is the answer only when "accessible from accessibility_requirements";
+    otherwise ALREADY_EXISTS. Preferred topology never refuses."""
+    disk = subject.backend.create_volume("pvc-t", _options(subject))
+    here = dict(disk.topology)
+    if not here:
+        pytest.skip(f"{type(subject.backend).__name__} reports no topology")
+    elsewhere = dict.fromkeys(here, "nowhere")
+    for accessible in (
+        _options(subject, requisite=[here]),
+        _options(subject, requisite=[elsewhere, here]),
+        _options(subject, preferred=[elsewhere]),
+    ):
+        assert subject.backend.create_volume("pvc-t", accessible).id == disk.id
+    with pytest.raises(AlreadyExistsError, match="pvc-t"):
+        subject.backend.create_volume("pvc-t", _options(subject, requisite=[elsewhere]))
+
+
 def test_the_volume_context_comes_back_unchanged_and_takes_part_in_idempotency(subject: Subject) -> None:
     context = {"fsType": "xfs", "blockSize": "4096"}
     disk = subject.backend.create_volume("pvc-c", _options(subject, context=context))

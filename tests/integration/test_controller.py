@@ -175,6 +175,20 @@ def test_full_controller_journey(driver: Driver, client: CsiClient) -> None:
             Code.INVALID_ARGUMENT,
             id="name-too-long",
         ),
+        *(
+            pytest.param(
+                "CreateVolume",
+                csi_pb2.CreateVolumeRequest(name="v", volume_capabilities=[MOUNT], parameters=params),
+                Code.INVALID_ARGUMENT,
+                id=f"mkfs-option-nodestage-refuses-{name}",
+            )
+            for name, params in [
+                ("xfs-inode-128", {"fsType": "xfs", "inodeSize": "128"}),
+                ("xfs-inode-4096", {"fsType": "xfs", "inodeSize": "4096"}),
+                ("ext4-block-512", {"fsType": "ext4", "blockSize": "512"}),
+                ("cluster-without-bigalloc", {"ext4ClusterSize": "65536"}),
+            ]
+        ),
     ],
 )
 def test_error_codes_over_the_wire(
@@ -201,6 +215,45 @@ def test_concurrent_duplicate_creates_make_one_volume(driver: Driver, client: Cs
         ids = {i for i in pool.map(attempt, range(32)) if i}
     assert len(ids) == 1
     assert os.listdir(driver.data_dir / "volumes") == [f"{ids.pop()}.img"]
+
+
+HERE = csi_pb2.Topology(segments={"topology.kubernetes.io/zone": "local"})  # the driver's default zone
+ELSEWHERE = csi_pb2.Topology(segments={"topology.kubernetes.io/zone": "other"})
+
+
+@pytest.mark.parametrize(
+    ("requirements", "refused"),
+    [
+        pytest.param(csi_pb2.TopologyRequirement(requisite=[HERE]), False, id="requisite-here"),
+        pytest.param(
+            csi_pb2.TopologyRequirement(requisite=[ELSEWHERE, HERE]), False, id="requisite-includes-here"
+        ),
+        pytest.param(csi_pb2.TopologyRequirement(preferred=[ELSEWHERE]), False, id="preferred-elsewhere"),
+        pytest.param(csi_pb2.TopologyRequirement(requisite=[ELSEWHERE]), True, id="requisite-elsewhere"),
+    ],
+)
+def test_a_repeated_create_returns_the_volume_only_where_the_requisite_allows(
+    driver: Driver, client: CsiClient, requirements: csi_pb2.TopologyRequirement, refused: bool
+) -> None:
+    """Spec: an existing volume that is not "accessible from accessibility_requirements" is ALREADY_EXISTS;
+    a fresh name with the same requisite stays RESOURCE_EXHAUSTED (nowhere to place it)."""
+    first = create(client, "v1")
+    if refused:
+        again = csi_pb2.CreateVolumeRequest(
+            name="v1",
+            volume_capabilities=[MOUNT],
+            capacity_range=csi_pb2.CapacityRange(required_bytes=16 * MiB),
+            accessibility_requirements=requirements,
+        )
+        message = assert_code(client.controller.CreateVolume, again, Code.ALREADY_EXISTS, contains="'v1'")
+        assert first.volume_id in message and "accessibility_requirements" in message
+        fresh = csi_pb2.CreateVolumeRequest(
+            name="v2", volume_capabilities=[MOUNT], accessibility_requirements=requirements
+        )
+        assert_code(client.controller.CreateVolume, fresh, Code.RESOURCE_EXHAUSTED)
+    else:
+        assert create(client, "v1", accessibility_requirements=requirements).volume_id == first.volume_id
+    assert os.listdir(driver.data_dir / "volumes") == [f"{first.volume_id}.img"]
 
 
 def test_state_survives_a_restart_and_a_vanished_file_is_inaccessible(workdir: Path) -> None:

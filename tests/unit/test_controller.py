@@ -9,7 +9,7 @@ from typing import Any
 import grpc
 import pytest
 
-from csi import keys
+from csi import failures, keys
 from csi._proto import csi_pb2
 from csi.backends import base
 from csi.capabilities import Capabilities
@@ -121,6 +121,90 @@ def test_create_volume_rejects(env: Env, fields: dict[str, Any], code: Code) -> 
     req = {"name": "pvc-1", "volume_capabilities": [mount()], **fields}
     assert code_of(env.ctl.CreateVolume, csi_pb2.CreateVolumeRequest(**req)) == code
     assert env.backend.volumes == {}
+
+
+# Format parameters NodeStageVolume would refuse for the filesystem it creates (the capability's fs_type,
+# else the fsType parameter, else ext4): refused at CreateVolume, naming the parameter and what is allowed.
+FORMAT_REFUSED = [
+    pytest.param([mount()], {keys.FS_TYPE: "xfs", keys.INODE_SIZE: "128"}, "256 to 2048", id="xfs-inode-128"),
+    pytest.param(
+        [mount()], {keys.FS_TYPE: "xfs", keys.INODE_SIZE: "4096"}, "256 to 2048", id="xfs-inode-4096"
+    ),
+    pytest.param([mount()], {"fsType": "XFS", keys.INODE_SIZE: "128"}, "256 to 2048", id="legacy-fstype-key"),
+    pytest.param(
+        [mount()], {keys.FS_TYPE: "ext4", keys.BLOCK_SIZE: "512"}, "1024 to 65536", id="ext4-block-512"
+    ),
+    pytest.param([mount()], {keys.BLOCK_SIZE: "512"}, "1024 to 65536", id="default-ext4-block-512"),
+    pytest.param(
+        [mount()],
+        {keys.EXT4_CLUSTER_SIZE: "65536"},
+        f"needs {keys.EXT4_BIGALLOC}=true",
+        id="cluster-no-bigalloc",
+    ),
+    pytest.param(
+        [mount()],
+        {keys.FS_TYPE: "ext3", keys.EXT4_BIGALLOC: "true"},
+        "ext4 only, not ext3",
+        id="bigalloc-on-ext3",
+    ),
+    pytest.param(
+        [mount()],
+        {keys.FS_TYPE: "xfs", keys.BYTES_PER_INODE: "4096"},
+        "do not apply to xfs",
+        id="ext-only-on-xfs",
+    ),
+    pytest.param([mount(fs="xfs")], {keys.INODE_SIZE: "128"}, "256 to 2048", id="xfs-from-capability"),
+    pytest.param(
+        [mount(fs="xfs")],
+        {keys.FS_TYPE: "ext4", keys.NUMBER_OF_INODES: "1000"},
+        "do not apply to xfs",
+        id="capability-fs-wins-over-parameter",
+    ),
+    pytest.param(
+        [mount(), mount(fs="xfs")], {keys.INODE_SIZE: "128"}, "256 to 2048", id="any-mount-capability"
+    ),
+    pytest.param([block()], {keys.BLOCK_SIZE: "512"}, "1024 to 65536", id="block-only-default-ext4"),
+]
+
+
+@pytest.mark.parametrize(("caps", "params", "allowed"), FORMAT_REFUSED)
+def test_create_volume_refuses_format_parameters_the_node_would_refuse(
+    env: Env, caps: list[csi_pb2.VolumeCapability], params: dict[str, str], allowed: str
+) -> None:
+    with pytest.raises(failures.InvalidParameterError) as refused:
+        env.create(volume_capabilities=caps, parameters=params)
+    code, message = status_for(refused.value)
+    assert code == Code.INVALID_ARGUMENT
+    key = next(k for k in params if k in keys.FORMAT_KEYS)
+    assert "parameter" in message and key in message, message
+    assert allowed in message and "volume attribute" not in message, message
+    assert env.backend.volumes == {}
+
+
+@pytest.mark.parametrize(
+    ("caps", "params"),
+    [
+        pytest.param([mount()], {keys.FS_TYPE: "xfs", keys.INODE_SIZE: "512"}, id="xfs-inode-512"),
+        pytest.param([mount()], {keys.BLOCK_SIZE: "1024", keys.INODE_SIZE: "128"}, id="ext4-smallest"),
+        pytest.param(
+            [mount()],
+            {keys.EXT4_BIGALLOC: "TRUE", keys.EXT4_CLUSTER_SIZE: "65536"},
+            id="bigalloc-with-cluster",
+        ),
+        pytest.param(
+            [mount()], {keys.FS_TYPE: "ext3", keys.EXT4_BIGALLOC: "false"}, id="ext3-bigalloc-false"
+        ),
+        pytest.param(
+            [mount(fs="ext4")], {keys.FS_TYPE: "xfs", keys.BYTES_PER_INODE: "4096"}, id="capability-ext4-wins"
+        ),
+        pytest.param([block()], {keys.FS_TYPE: "xfs", keys.BLOCK_SIZE: "512"}, id="block-only-xfs-parameter"),
+    ],
+)
+def test_create_volume_accepts_format_parameters_the_node_accepts(
+    env: Env, caps: list[csi_pb2.VolumeCapability], params: dict[str, str]
+) -> None:
+    vol = env.create(volume_capabilities=caps, parameters=params)
+    assert vol.volume_id in env.backend.volumes
 
 
 @pytest.mark.parametrize(
@@ -301,6 +385,8 @@ def test_unpublish_without_node_detaches_everywhere(env: Env) -> None:
         pytest.param([mount(AM.MULTI_NODE_MULTI_WRITER)], {}, False, id="multi-writer-filesystem"),
         pytest.param([mount(fs="btrfs")], {}, False, id="unsupported-fs"),
         pytest.param([mount()], {"bogus": "1"}, False, id="unknown-parameter"),
+        pytest.param([mount(fs="xfs")], {keys.INODE_SIZE: "128"}, False, id="format-parameter-node-refuses"),
+        pytest.param([mount(fs="xfs")], {keys.INODE_SIZE: "512"}, True, id="format-parameter-node-accepts"),
     ],
 )
 def test_validate_volume_capabilities(

@@ -120,6 +120,29 @@ def test_create_makes_a_sparse_file_and_a_durable_record(data: Path, be: LocalBa
             DiskOptions(size_bytes=GiB, mutable_parameters={"iops": "5"}), False, id="other-mutable"
         ),
         pytest.param(DiskOptions(size_bytes=GiB, multi_node=True), False, id="other-access"),
+        pytest.param(
+            DiskOptions(size_bytes=GiB, requisite=[{ZONE_KEY: "z1"}]), True, id="requisite-own-zone"
+        ),
+        pytest.param(
+            DiskOptions(
+                size_bytes=GiB, requisite=[{keys.WELL_KNOWN_ZONE: "z2"}, {keys.WELL_KNOWN_ZONE: "z1"}]
+            ),
+            True,
+            id="requisite-includes-own-zone",
+        ),
+        pytest.param(
+            DiskOptions(size_bytes=GiB, preferred=[{ZONE_KEY: "z2"}]), True, id="preferred-other-zone-only"
+        ),
+        pytest.param(
+            DiskOptions(size_bytes=GiB, requisite=[{keys.WELL_KNOWN_ZONE: "z2"}]),
+            False,
+            id="requisite-other-zone",
+        ),
+        pytest.param(
+            DiskOptions(size_bytes=GiB, requisite=[{ZONE_KEY: "z2"}], preferred=[{ZONE_KEY: "z1"}]),
+            False,
+            id="requisite-other-zone-preferred-own",
+        ),
     ],
 )
 def test_create_is_idempotent_by_name(data: Path, be: LocalBackend, second: DiskOptions, same: bool) -> None:
@@ -127,9 +150,49 @@ def test_create_is_idempotent_by_name(data: Path, be: LocalBackend, second: Disk
     if same:
         assert be.create_volume("pvc-1", second).id == first.id
     else:
-        with pytest.raises(failures.AlreadyExistsError):
+        with pytest.raises(failures.AlreadyExistsError, match=f"'pvc-1' already exists \\({first.id}\\)"):
             be.create_volume("pvc-1", second)
     assert volume_files(data) == [f"{first.id}.img"]
+
+
+def test_an_existing_volume_outside_the_requisite_says_where_it_is(be: LocalBackend) -> None:
+    be.create_volume("pvc-1", DiskOptions(size_bytes=GiB))
+    with pytest.raises(failures.AlreadyExistsError) as refused:
+        be.create_volume("pvc-1", DiskOptions(size_bytes=GiB, requisite=[{ZONE_KEY: "z2"}]))
+    assert f"{ZONE_KEY}': 'z1'" in str(refused.value)
+    assert "accessibility_requirements exclude" in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("second", "same"),
+    [
+        pytest.param(DiskOptions(size_bytes=GiB), True, id="same-args"),
+        pytest.param(
+            DiskOptions(size_bytes=GiB, requisite=[{ZONE_KEY: "z1"}]), True, id="requisite-own-zone"
+        ),
+        pytest.param(DiskOptions(size_bytes=2 * GiB), False, id="other-size"),
+    ],
+)
+def test_a_create_that_loses_the_name_race_answers_with_the_winner(
+    data: Path, be: LocalBackend, monkeypatch: pytest.MonkeyPatch, second: DiskOptions, same: bool
+) -> None:
+    """The name is taken between the lookup and the insert (NameTaken): the loser's file goes, and the
+    winner is returned only when compatible."""
+    winner = be.create_volume("pvc-1", DiskOptions(size_bytes=GiB))
+    lookup, lookups = be.store.volume_by_name, []
+
+    def late(name: str) -> Any:
+        lookups.append(name)
+        return None if len(lookups) == 1 else lookup(name)  # the first lookup ran before the winner's insert
+
+    monkeypatch.setattr(be.store, "volume_by_name", late)
+    if same:
+        assert be.create_volume("pvc-1", second).id == winner.id
+    else:
+        with pytest.raises(failures.AlreadyExistsError, match="different size"):
+            be.create_volume("pvc-1", second)
+    assert lookups == ["pvc-1", "pvc-1"], "the insert must have lost the race"
+    assert volume_files(data) == [f"{winner.id}.img"]
 
 
 BAD_IDS = ["../x", "lv-../../etc/passwd", "lv-" + "0" * 31 + "\0", "lv-" + "A" * 32, "", "ls-" + "0" * 32]

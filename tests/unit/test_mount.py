@@ -170,6 +170,47 @@ def test_mkfs_argv_rejects(fs_type: str, options: dict[str, str]) -> None:
         mkfs_argv("/dev/x", fs_type, options)
 
 
+@pytest.mark.parametrize(
+    ("fs_type", "options", "what", "message"),
+    [
+        pytest.param(
+            "xfs",
+            {keys.INODE_SIZE: "128"},
+            {},
+            "xfs volume attribute inodeSize='128': expected a power of two from 256 to 2048",
+            id="node-names-a-volume-attribute",
+        ),
+        pytest.param(
+            "ext4",
+            {keys.BLOCK_SIZE: "512"},
+            {"what": "parameter"},
+            "ext4 parameter blockSize='512': expected a power of two from 1024 to 65536",
+            id="create-names-a-parameter",
+        ),
+        pytest.param(
+            "xfs",
+            {keys.BYTES_PER_INODE: "4096"},
+            {"what": "parameter"},
+            "parameter(s) bytesPerInode do not apply to xfs",
+            id="not-for-xfs",
+        ),
+        pytest.param(
+            "ext4",
+            {keys.EXT4_CLUSTER_SIZE: "65536"},
+            {"what": "parameter"},
+            "parameter ext4ClusterSize needs ext4BigAlloc=true",
+            id="cluster-without-bigalloc",
+        ),
+    ],
+)
+def test_mkfs_argv_names_the_option_where_the_user_wrote_it(
+    fs_type: str, options: dict[str, str], what: dict[str, str], message: str
+) -> None:
+    with pytest.raises(InvalidParameterError) as refused:
+        mkfs_argv("/dev/x", fs_type, options, **what)
+    assert str(refused.value) == message
+
+
 # ---------------------------------------------------------------- mount table
 
 

@@ -213,8 +213,11 @@ class LocalBackend(LocalReporting, SnapshotOperations, Backend):
 
     # ---- volumes
 
-    def _existing(self, row: VolumeRow, wanted: dict[str, Any]) -> Disk:
+    def _existing(self, row: VolumeRow, wanted: dict[str, Any], options: DiskOptions) -> Disk:
+        """The volume a repeated create names, if compatible: the same recorded arguments, and accessible
+        from the request's requisite topology (AlreadyExistsError otherwise)."""
         records.check_same(row, wanted)
+        self._segment.check_existing(row.name, row.id, options.requisite)
         return self._disk(row)
 
     def _check_room(self, options: DiskOptions) -> None:
@@ -231,7 +234,7 @@ class LocalBackend(LocalReporting, SnapshotOperations, Backend):
         spec = records.spec(options)
         row = self.store.volume_by_name(name)
         if row is not None:
-            return self._existing(row, spec)
+            return self._existing(row, spec, options)
         self._check_room(options)
         self._params.check_size(options.parameters, options.size_bytes)
         volume_id = new_id(self.volume_prefix)
@@ -263,7 +266,7 @@ class LocalBackend(LocalReporting, SnapshotOperations, Backend):
                 raise AlreadyExistsError(
                     f"volume {name!r} is being created and deleted concurrently"
                 ) from None
-            return self._existing(winner, spec)
+            return self._existing(winner, spec, options)
         failpoints.hit(recorded)
         return self._disk(row, attachments=())  # new: attached nowhere yet
 

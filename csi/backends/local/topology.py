@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from csi import keys
-from csi.failures import OutOfCapacityError
+from csi.failures import AlreadyExistsError, OutOfCapacityError
 
 
 class Segment:
@@ -25,9 +25,24 @@ class Segment:
         """True when every key of a requested segment names this data dir's zone/region."""
         return all(v and self._accepted.get(k) == v for k, v in segment.items())
 
+    def allows(self, requisite: Sequence[Mapping[str, str]]) -> bool:
+        """True when there is no requisite or some requisite segment is served (preferred never limits)."""
+        return not requisite or any(self.serves(s) for s in requisite)
+
     def check_requisite(self, requisite: Sequence[Mapping[str, str]]) -> None:
         """A volume can be placed here only when some requisite segment (if any) is served."""
-        if requisite and not any(self.serves(s) for s in requisite):
+        if not self.allows(requisite):
             raise OutOfCapacityError(
                 f"no requisite topology segment is served by this data dir (it serves {self.labels})"
+            )
+
+    def check_existing(self, name: str, volume_id: str, requisite: Sequence[Mapping[str, str]]) -> None:
+        """A volume of this data dir (so in this segment) answers a repeated create only when it is
+        accessible from the request's requisite (if any); else AlreadyExistsError (spec: "already
+        exists but is incompatible")."""
+        if not self.allows(requisite):
+            raise AlreadyExistsError(
+                f"volume {name!r} already exists ({volume_id}) in segment {self.labels}, which the "
+                "request's accessibility_requirements exclude: add that segment to the requisite "
+                "topology, or delete the volume or use another name"
             )
