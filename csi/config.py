@@ -135,6 +135,23 @@ def _endpoint(text: str) -> str:
     raise argparse.ArgumentTypeError(f"expected unix:///path/to/csi.sock, got {text!r}")
 
 
+def parse_address(address: str) -> tuple[str, int]:
+    """'host:port', '[v6]:port' or ':port' (all interfaces) -> (host, port); anything else -> ValueError."""
+    host, colon, port = address.rpartition(":")
+    if not colon or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"expected host:port or :port, got {address!r}")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def _listen_address(text: str) -> str:
+    if text:
+        try:
+            parse_address(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from exc
+    return text
+
+
 def _backend(text: str) -> str:
     try:
         return registry.check_name(text)
@@ -180,6 +197,7 @@ def _server_flags(srv: argparse._ArgumentGroup) -> None:
     )
     srv.add_argument(
         "--metrics-address",
+        type=_listen_address,
         default=EnvDefault("BALLAST_METRICS_ADDRESS", ""),
         help="host:port serving /metrics and /healthz; empty disables [BALLAST_METRICS_ADDRESS]",
     )

@@ -29,7 +29,7 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 from csi.backends.base import Backend
-from csi.config import Config
+from csi.config import Config, parse_address
 from csi.inflight import InFlight
 
 log = logging.getLogger("ballast.metrics")
@@ -82,14 +82,6 @@ class RetryCollector(Collector):
         for operation, count in sorted(self._backend.retries().items()):
             family.add_metric([operation], count)
         yield family
-
-
-def parse_address(address: str) -> tuple[str, int]:
-    """'host:port' or ':port' (all interfaces)."""
-    host, _, port = address.rpartition(":")
-    if not port.isdigit():
-        raise ValueError(f"--metrics-address must be host:port, got {address!r}")
-    return host.strip("[]") or "0.0.0.0", int(port)
 
 
 class Metrics:

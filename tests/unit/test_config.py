@@ -142,6 +142,8 @@ def test_values(
         pytest.param(["--allowed-path-prefix", "/srv/../etc"], "--allowed-path-prefix", id="dotdot-prefix"),
         pytest.param(["--max-volumes-per-node", "-1"], "--max-volumes-per-node", id="negative-max"),
         pytest.param(["--no-such-flag"], "--no-such-flag", id="unknown-flag"),
+        pytest.param(["--metrics-address", "localhost"], "--metrics-address", id="metrics-address-no-port"),
+        pytest.param(["--metrics-address", ":99999"], "--metrics-address", id="metrics-port-out-of-range"),
     ],
 )
 def test_bad_flags_exit_2_naming_the_flag(
@@ -187,6 +189,7 @@ def test_bad_flags_exit_2_naming_the_flag(
             "BALLAST_ALLOWED_PATH_PREFIXES", "/srv/a:srv/b", "--allowed-path-prefix", id="one-relative-prefix"
         ),
         pytest.param("BALLAST_FORMAT_CONCURRENCY", "0", "--format-concurrency", id="zero-format-concurrency"),
+        pytest.param("BALLAST_METRICS_ADDRESS", "9808", "--metrics-address", id="metrics-address-no-colon"),
     ],
 )
 def test_bad_env_value_exits_2_naming_flag_and_variable(
