@@ -42,6 +42,12 @@ def _check_fs_type(caps: list[csi_pb2.VolumeCapability]) -> None:
             check_fs_type(cap.mount.fs_type, "fs_type")
 
 
+def _check_serves(disk: Disk, caps: list[csi_pb2.VolumeCapability]) -> None:
+    """A single-node volume cannot serve a multi-node access mode (InvalidParameterError)."""
+    if not disk.multi_node and any(c.access_mode.mode in MULTI_NODE_MODES for c in caps):
+        raise InvalidParameterError(f"volume {disk.id} was created for a single node")
+
+
 class ControllerService(ControllerHealthRPCs, csi_pb2_grpc.ControllerServicer):
     def __init__(self, backend: Backend, caps: Capabilities, inflight: InFlight) -> None:
         self._backend = backend
@@ -172,8 +178,7 @@ class ControllerService(ControllerHealthRPCs, csi_pb2_grpc.ControllerServicer):
         try:
             check_capabilities(caps)
             _check_fs_type(caps)
-            if not disk.multi_node and any(c.access_mode.mode in MULTI_NODE_MODES for c in caps):
-                raise InvalidParameterError(f"volume {disk.id} was created for a single node")
+            _check_serves(disk, caps)
             _, rest = split_parameters(request.parameters, caps)
             self._backend.validate_parameters(rest)
             if request.mutable_parameters:
@@ -249,6 +254,8 @@ class ControllerService(ControllerHealthRPCs, csi_pb2_grpc.ControllerServicer):
         size = capacity_bytes(cr, default=b.default_size, granularity=b.size_granularity, minimum=b.min_size)
         with self._inflight.hold(f"vol:{request.volume_id}"):
             disk = self._backend.get_volume(request.volume_id)
+            if request.HasField("volume_capability"):  # spec: exceeds capabilities -> INVALID_ARGUMENT
+                _check_serves(disk, [request.volume_capability])
             if size <= disk.size_bytes:
                 new_size = disk.size_bytes
             else:

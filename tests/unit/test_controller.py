@@ -545,6 +545,18 @@ def test_expand_volume_codes(env: Env) -> None:
     assert code_of(env.ctl.ControllerExpandVolume, no_range) == Code.INVALID_ARGUMENT
 
 
+def test_expand_with_a_capability_the_volume_cannot_serve_is_invalid(env: Env) -> None:
+    """Spec, ControllerExpandVolume: "Exceeds capabilities" -> INVALID_ARGUMENT; nothing grows."""
+    vol = env.create()  # SINGLE_NODE_WRITER
+    req = csi_pb2.ControllerExpandVolumeRequest(
+        volume_id=vol.volume_id,
+        capacity_range=csi_pb2.CapacityRange(required_bytes=2 * GiB),
+        volume_capability=block(AM.MULTI_NODE_MULTI_WRITER),
+    )
+    assert code_of(env.ctl.ControllerExpandVolume, req) == Code.INVALID_ARGUMENT
+    assert env.backend.volumes[vol.volume_id].size_bytes == GiB
+
+
 def test_expand_published_volume_without_online_support_fails(env: Env) -> None:
     env = Env(expand_online=False)
     vol = env.create()
