@@ -7,6 +7,9 @@ shows it in events): say what is wrong and what to do, never include a secret.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 
 class DriverError(Exception):
     """Base of every expected failure; raised as is, it means the driver could not do the work
@@ -55,3 +58,13 @@ class BusyError(DriverError):
 
 class UnsupportedError(DriverError):
     """The driver, as configured, does not offer this operation."""
+
+
+@contextlib.contextmanager
+def os_failures() -> Iterator[None]:
+    """OSError from the host becomes a DriverError (INTERNAL) with its actionable message."""
+    try:
+        yield
+    except OSError as exc:
+        where = f" ({exc.filename})" if exc.filename else ""
+        raise DriverError(f"{exc.strerror or exc}{where}") from exc

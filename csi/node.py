@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 import grpc
 
-from csi import paths, replies
+from csi import paths, replies, sizing
 from csi._proto import csi_pb2, csi_pb2_grpc
 from csi.backends.base import Backend
 from csi.capabilities import NRPC, Capabilities
@@ -76,7 +76,7 @@ class NodeService(NodeHealthRPCs, csi_pb2_grpc.NodeServicer):
         self._caps = caps
         self._inflight = inflight
         self._roots = config.node.allowed_roots
-        mounter = mounter or Mounter()
+        mounter = self._mounter = mounter or Mounter()
         self.stager = Stager(backend, mounter, self._roots, config.node.format_concurrency)
         self.health = NodeHealth(backend, mounter, self._roots, self.stager)
 
@@ -198,7 +198,7 @@ class NodeService(NodeHealthRPCs, csi_pb2_grpc.NodeServicer):
         require(request.volume_path, "volume_path")
         device = self.stager.prepared_device(request.volume_id)
         path = self._volume_path(request.volume_id, request.volume_path)
-        return replies.volume_stats(self.stager.stats(request.volume_id, device, path))
+        return replies.volume_stats(sizing.stats(self._mounter, request.volume_id, device, path))
 
     def NodeExpandVolume(
         self, request: csi_pb2.NodeExpandVolumeRequest, context: grpc.ServicerContext
@@ -221,7 +221,7 @@ class NodeService(NodeHealthRPCs, csi_pb2_grpc.NodeServicer):
         with self._inflight.hold(f"node:{volume_id}"):
             device = self.stager.prepared_device(volume_id)  # refreshed to the volume's size
             path = self._volume_path(request.volume_id, request.volume_path)
-            size = self.stager.expand(volume_id, device, path, required, block)
+            size = sizing.expand(self._mounter, volume_id, device, path, required, block)
         return csi_pb2.NodeExpandVolumeResponse(capacity_bytes=size)
 
     # ------------------------------------------------------------------ info

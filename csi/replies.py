@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from csi._proto import csi_pb2
 from csi.backends.base import ContentSource, Disk, GroupSnapshot, Snapshot, SourceKind
 from csi.health import Status, StorageIssue, StorageStatus, VolumeHealth
-from csi.staging import VolumeStats
+from csi.sizing import VolumeStats
 
 VOLUME_STATUS = {
     Status.DEGRADED: csi_pb2.DEGRADED,

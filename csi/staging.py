@@ -1,5 +1,6 @@
 """The node's staging core, grpc-free: find and verify a volume's device, stage it (format only when
-blank, mount, grow), bind-publish it, and unpublish, unstage, measure and expand it again.
+blank, mount, grow), bind-publish it, and unpublish and unstage it again (measuring and growing a staged
+volume: csi/sizing.py).
 
 Callers (NodeService) validate every request first and hold the volume's in-flight key around each call;
 nothing here re-checks paths or options. The mount table is the source of truth, so a restarted plugin
@@ -21,23 +22,20 @@ from __future__ import annotations
 
 import contextlib
 import os
-import stat
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 from csi import devices, keys, paths
 from csi.backends.base import Backend
-from csi.devices import DeviceNumbers
 from csi.failures import (
     AlreadyExistsError,
-    DriverError,
     FailedPreconditionError,
     NotFoundError,
-    OutOfRangeError,
+    os_failures,
 )
 from csi.filesystems import EXT_TYPES, FS_TYPES
-from csi.mount import Mounter, MountInfo, OnlineGrowthDenied, Probe
+from csi.mount import Mounter, MountInfo, Probe
 from csi.publishing import Publication, Publisher, Source
 from shim import failpoints
 
@@ -60,23 +58,6 @@ class Uses(NamedTuple):
     at_path: MountInfo | None  # whatever is mounted at the path asked about (any device)
     filesystems: list[MountInfo]  # mounts of the disk's filesystems, binds of them included
     nodes: list[MountInfo]  # binds of the disk's device nodes: block publishes
-
-
-class VolumeStats(NamedTuple):
-    """What NodeGetVolumeStats reports: a block device's size, or a filesystem's usage."""
-
-    block_bytes: int = 0
-    usage: devices.Usage | None = None
-
-
-@contextlib.contextmanager
-def os_failures() -> Iterator[None]:
-    """OSError from the host becomes a DriverError (INTERNAL) with its actionable message."""
-    try:
-        yield
-    except OSError as exc:
-        where = f" ({exc.filename})" if exc.filename else ""
-        raise DriverError(f"{exc.strerror or exc}{where}") from exc
 
 
 class Stager:
@@ -398,51 +379,6 @@ class Stager:
         with os_failures():
             self.publisher.unpublish(target)
 
-    # ------------------------------------------------------------------ stats and expansion
-
-    def stats(self, volume_id: str, device: str, path: str) -> VolumeStats:
-        """Size of the volume's (prepared) device at a block path, or usage of its filesystem mounted
-        at `path`. A path that is not the volume's device or a mount of it -> NotFoundError (spec: the
-        volume does not exist on that path); what is wrong with a volume is NodeGetVolumeHealth's to say."""
-        with os_failures():
-            numbers = _block_numbers(path)
-            if numbers is not None:
-                if not devices.belongs(numbers, device):
-                    raise NotFoundError(f"{path} is not the device of volume {volume_id}")
-                return VolumeStats(block_bytes=devices.device_size(path))
-            mount = self._mounter.mount_at(path)
-            if mount is None or not devices.belongs((mount.major, mount.minor), device):
-                raise NotFoundError(f"{path} is not a mount of volume {volume_id}")
-            return VolumeStats(usage=devices.usage(path))
-
-    def expand(self, volume_id: str, device: str, path: str, required: int, block: bool) -> int:
-        """Grow the filesystem mounted at `path` to its (already expanded and prepared) device; returns
-        the device size (block access: just the size). A device smaller than `required` ->
-        OutOfRangeError."""
-        with os_failures():
-            size = devices.device_size(device)
-            if required > size:
-                raise OutOfRangeError(
-                    f"the device of {volume_id} holds {size} bytes, less than the requested {required}; "
-                    "expand the volume on the controller first"
-                )
-            if _block_numbers(path) is not None or block:
-                return size
-            mount = self._mounter.mount_at(path)
-            if mount is None or not devices.belongs((mount.major, mount.minor), device):
-                raise NotFoundError(f"volume {volume_id} is not mounted at {path}")
-            if mount.fs_type not in FS_TYPES:
-                raise FailedPreconditionError(f"cannot grow a {mount.fs_type} filesystem")
-            if mount.readonly or "ro" in mount.super_options:
-                raise FailedPreconditionError(f"{path} is mounted read-only; the filesystem cannot grow")
-            try:
-                self._mounter.grow(device, path, mount.fs_type)
-            except OnlineGrowthDenied as exc:
-                # csi-rules: a filesystem that cannot grow while published is FAILED_PRECONDITION
-                raise FailedPreconditionError(str(exc)) from exc
-            failpoints.hit("node.expand.grown")
-            return size
-
 
 def _check_staged(current: MountInfo, device: str, staging: str, fs: Filesystem) -> None:
     if not devices.belongs((current.major, current.minor), device):
@@ -457,9 +393,3 @@ def _check_staged(current: MountInfo, device: str, staging: str, fs: Filesystem)
 def _needs_growth(device: str, fs_type: str) -> bool:
     current_fs = devices.fs_size(device, fs_type)
     return current_fs is not None and devices.device_size(device) - current_fs > GROW_SLACK
-
-
-def _block_numbers(path: str) -> DeviceNumbers | None:
-    """Device numbers of `path` when it is a block device node, else None."""
-    st = os.stat(path)
-    return (os.major(st.st_rdev), os.minor(st.st_rdev)) if stat.S_ISBLK(st.st_mode) else None
