@@ -216,8 +216,22 @@ def test_a_refused_chown_is_logged_not_raised(
     tmp_path: Path, not_root: list[Any], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setattr(os, "geteuid", lambda: 0)
-    (tmp_path / "f").write_bytes(b"")
+    data = tmp_path / "data"
+    data.mkdir()
+    os.lchown(data, NOBODY, NOBODY)  # not root's, so the entry must be given away
+    (data / "f").write_bytes(b"")
     with caplog.at_level(logging.WARNING, logger="ballast.local"):
-        ownership.hand_over(str(tmp_path / "f"), str(tmp_path))
+        ownership.hand_over(str(data / "f"), str(data))
     assert len(not_root) == 1
-    assert f"could not give {tmp_path / 'f'} the owner of {tmp_path}" in caplog.text
+    assert f"could not give {data / 'f'} the owner of {data}" in caplog.text
+
+
+def test_root_in_a_directory_of_its_own_makes_no_chown(
+    tmp_path: Path, not_root: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The usual single-user data dir: what root creates is root's already, so no system call is spent."""
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    monkeypatch.setattr(os, "getegid", lambda: os.stat(tmp_path).st_gid)
+    (tmp_path / "f").write_bytes(b"")
+    ownership.hand_over(str(tmp_path / "f"), str(tmp_path))
+    assert not_root == []

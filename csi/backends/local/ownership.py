@@ -33,6 +33,8 @@ def hand_over(entry: str | int, directory: str) -> None:
         return
     try:
         owner = os.stat(directory or ".")
+        if owner.st_uid == 0 and owner.st_gid == os.getegid():
+            return  # what root creates there is root's already: the usual single-user data dir
         if isinstance(entry, int):
             os.chown(entry, owner.st_uid, owner.st_gid)
         else:
