@@ -4,22 +4,29 @@ EBS has no read-only attachments: the node's mount enforces `readonly`, and the 
 volume tag so that a republish to the same node with the other flag is refused (AlreadyExistsError).
 Device names come from devices.DeviceNames, which skips names in use or reserved by attachments still in
 flight in this process. Attach and detach of one volume never interleave (a per-volume lock).
+
+DetachVolume answers that say the attachment is already gone (ALREADY_DETACHED, the codes the AWS EBS CSI
+driver's DetachDisk treats so) are waited out like a detach in progress; any other refusal (permissions,
+instance state, opt-in) is raised at once instead of being waited on.
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Mapping
 from typing import Any
+
+from botocore.exceptions import ClientError
 
 from csi import keys
 from csi.backends.aws.batching import grouped
 from csi.backends.aws.devices import DeviceNames
 from csi.backends.aws.ec2 import Ec2
+from csi.backends.aws.errors import error_code
 from csi.backends.aws.metadata import attach_limit
 from csi.backends.aws.records import ATTACHED_STATES, TAG_READONLY_PREFIX, tags
 from csi.failures import (
     AlreadyExistsError,
+    DriverError,
     FailedPreconditionError,
     InvalidParameterError,
     LimitExceededError,
@@ -30,6 +37,14 @@ from csi.keylocks import KeyedLocks
 from shim import failpoints
 
 NAME_ATTEMPTS = 3  # device names taken concurrently by another attacher before we give up
+# DetachVolume error codes that mean "not attached there (any more)"; every other error is raised.
+ALREADY_DETACHED = frozenset({"IncorrectState", "InvalidAttachment.NotFound", "InvalidVolume.NotFound"})
+
+
+def _ec2_code(exc: DriverError) -> str:
+    """The EC2 error code behind a translated error ("" when it did not come from an EC2 answer)."""
+    cause = exc.__cause__
+    return error_code(cause) if isinstance(cause, ClientError) else ""
 
 
 class Attacher:
@@ -162,13 +177,13 @@ class Attacher:
         self._ec2.poll(f"volume {vid} to attach to {node_id}", check)
 
     def detach(self, vid: str, node_id: str) -> None:
-        """Not attached there (or the node is gone) -> no-op; waits until EC2 reports it detached."""
+        """Not attached there (or the node is gone) -> no-op; waits until EC2 reports it detached. A
+        DetachVolume refusal other than ALREADY_DETACHED is raised at once (mapped by errors.AWS_ERRORS)."""
         with self._locks.hold(vid):
             volume = self._ec2.describe_volume(vid)
             if not any(a["InstanceId"] == node_id for a in volume.get("Attachments", [])):
                 return
-            with contextlib.suppress(NotFoundError, FailedPreconditionError):
-                self._ec2.call("detach_volume", VolumeId=vid, InstanceId=node_id)
+            self._request_detach(vid, node_id)
             failpoints.hit("aws.detach.requested")
 
             def check() -> bool | None:
@@ -182,3 +197,11 @@ class Attacher:
             failpoints.hit("aws.detach.detached")
             if TAG_READONLY_PREFIX + node_id in tags(volume):
                 self._mark_readonly(vid, node_id, False)
+
+    def _request_detach(self, vid: str, node_id: str) -> None:
+        """DetachVolume; an answer that the attachment is already gone (ALREADY_DETACHED) is no error."""
+        try:
+            self._ec2.call("detach_volume", VolumeId=vid, InstanceId=node_id)
+        except DriverError as exc:
+            if _ec2_code(exc) not in ALREADY_DETACHED:
+                raise
