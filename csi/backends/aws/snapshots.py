@@ -1,4 +1,5 @@
-"""EBS snapshots, idempotent by their `CSIVolumeSnapshotName` tag (looked up under a per-name lock).
+"""EBS snapshots, idempotent by their `CSIVolumeSnapshotName` tag (looked up under a per-name lock, by
+the literal name: `*` and `?` in it are no wildcards, filters.py).
 
 `tagSpecification_N` snapshot parameters become snapshot tags, as for volumes; `csi.storage.k8s.io/`
 keys are ignored; anything else is an unknown parameter.
@@ -11,10 +12,12 @@ tag, reported as the snapshot's topology); none of them in this region -> OutOfC
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from csi import keys
 from csi.backends.aws import params as P
 from csi.backends.aws.ec2 import Ec2
+from csi.backends.aws.filters import tag_filter, tagged_exactly
 from csi.backends.aws.records import TAG_ACCESSIBLE_ZONES, tag_spec, to_snapshot
 from csi.backends.aws.zones import Zones
 from csi.backends.base import Page, Snapshot, seek_page
@@ -69,12 +72,7 @@ class EbsSnapshots:
         if zones:
             snapshot_tags[TAG_ACCESSIBLE_ZONES] = ",".join(zones)
         with self._locks.hold(name):
-            found = self._ec2.describe_all(
-                "describe_snapshots",
-                "Snapshots",
-                Filters=[{"Name": f"tag:{P.TAG_SNAPSHOT_NAME}", "Values": [name]}],
-                OwnerIds=["self"],
-            )
+            found = self._named(name)
             if found:
                 snap = to_snapshot(min(found, key=lambda s: s["SnapshotId"]), self._zone_key)
                 if snap.source_volume_id != vid:
@@ -89,6 +87,16 @@ class EbsSnapshots:
                 TagSpecifications=tag_spec("snapshot", snapshot_tags),
             )
             return to_snapshot(created, self._zone_key)
+
+    def _named(self, name: str) -> list[dict[str, Any]]:
+        """This account's snapshots whose name tag is exactly `name`."""
+        found = self._ec2.describe_all(
+            "describe_snapshots",
+            "Snapshots",
+            Filters=[tag_filter(P.TAG_SNAPSHOT_NAME, name)],
+            OwnerIds=["self"],
+        )
+        return tagged_exactly(found, P.TAG_SNAPSHOT_NAME, name)
 
     def delete(self, snapshot_id: str) -> None:
         self._ec2.call("delete_snapshot", SnapshotId=P.snapshot_id(snapshot_id))
