@@ -69,6 +69,7 @@ def capabilities(zone_key: str, max_volumes: int, changed_blocks: bool) -> Backe
         list_volumes=True,
         list_snapshots=True,
         modify_volume=True,
+        coalesces_modifications=True,
         volume_health=True,
         node_volume_health=True,
         snapshot_topology=True,
@@ -196,6 +197,13 @@ class AwsBackend(SnapshotDelegation, Backend):
 
     def _disk(self, volume: Mapping[str, Any]) -> Disk:
         return records.to_disk(volume, self.zone_key)
+
+    def canonical_volume_id(self, volume_id: str) -> str:
+        """`vol-...` for every accepted handle (`aws://zone/vol-...`, `aws:///vol-...`)."""
+        try:
+            return P.volume_id(volume_id)
+        except NotFoundError:
+            return volume_id
 
     # ------------------------------------------------------------------ parameters
 
