@@ -16,9 +16,10 @@ from typing import Any
 
 from csi import keys
 from csi.backends.aws import params as P
+from csi.backends.aws.clones import TAG_CLONE_SCRATCH
 from csi.backends.aws.ec2 import Ec2
 from csi.backends.aws.filters import tag_filter, tagged_exactly
-from csi.backends.aws.records import TAG_ACCESSIBLE_ZONES, tag_spec, to_snapshot
+from csi.backends.aws.records import TAG_ACCESSIBLE_ZONES, tag_spec, tags, to_snapshot
 from csi.backends.aws.zones import Zones
 from csi.backends.base import Page, Snapshot, seek_page
 from csi.failures import AlreadyExistsError, InvalidParameterError, NotFoundError, OutOfCapacityError
@@ -107,7 +108,8 @@ class EbsSnapshots:
     def page(
         self, snapshot_id: str, source_volume_id: str, max_entries: int, starting_token: str
     ) -> Page[Snapshot]:
-        """By id, by source volume, or all snapshots this driver made. Unknown id/source -> empty."""
+        """By id, by source volume, or all snapshots this driver made; never a clone's scratch snapshot
+        (clones.py). Unknown id/source -> empty."""
         try:
             if snapshot_id:
                 snaps = [self.get(snapshot_id)]
@@ -120,7 +122,7 @@ class EbsSnapshots:
                 raw = self._ec2.describe_all(
                     "describe_snapshots", "Snapshots", Filters=filters, OwnerIds=["self"]
                 )
-                snaps = [to_snapshot(s, self._zone_key) for s in raw]
+                snaps = [to_snapshot(s, self._zone_key) for s in raw if TAG_CLONE_SCRATCH not in tags(s)]
         except NotFoundError:
             snaps = []
         return seek_page(snaps, lambda s: s.id, max_entries, starting_token)
