@@ -3,7 +3,10 @@
 Every handler: check the capability -> validate the request -> hold the in-flight key -> call the backend
 -> build the response. Handlers only raise; csi.errors turns exceptions into status codes.
 In-flight keys: `create:<name>`, `vol:<id>` (delete, expand, modify), `publish:<id>:<node>`,
-`snapshot:<name>`, `snap:<id>`.
+`snapshot:<name>`, `snap:<id>`. A backend that coalesces modifications (EBS) must see an expand and a
+modify of one volume together to merge them, so there they hold `expand:<id>` and `modify:<id>` instead
+of `vol:<id>` (a duplicate of either is still refused), and delete holds all three. Volume ids in keys
+are the backend's canonical ids, so two spellings of one volume are one key.
 """
 
 from __future__ import annotations
@@ -63,6 +66,16 @@ class ControllerService(ControllerHealthRPCs, csi_pb2_grpc.ControllerServicer):
         )
 
     # ---- volumes
+
+    def _modification_key(self, volume_id: str, kind: str) -> str:
+        """The in-flight key of an expand or a modify (`kind`) of a volume (see the module docstring)."""
+        vid = self._backend.canonical_volume_id(volume_id)
+        return f"{kind}:{vid}" if self._backend.capabilities.coalesces_modifications else f"vol:{vid}"
+
+    def _volume_keys(self, volume_id: str) -> tuple[str, ...]:
+        """DeleteVolume's in-flight keys: the volume's, and those an expand or a modify of it holds."""
+        vid = self._backend.canonical_volume_id(volume_id)
+        return (f"vol:{vid}", f"expand:{vid}", f"modify:{vid}")
 
     def _mutable(self, parameters: dict[str, str]) -> dict[str, str]:
         if not parameters:
@@ -124,7 +137,7 @@ class ControllerService(ControllerHealthRPCs, csi_pb2_grpc.ControllerServicer):
         """Unknown or already deleted -> OK; still published -> FAILED_PRECONDITION."""
         check_ids(request)
         require(request.volume_id, "volume_id")
-        with self._inflight.hold(f"vol:{request.volume_id}"), contextlib.suppress(NotFoundError):
+        with self._inflight.hold(*self._volume_keys(request.volume_id)), contextlib.suppress(NotFoundError):
             self._backend.delete_volume(request.volume_id)
         return csi_pb2.DeleteVolumeResponse()
 
@@ -252,7 +265,7 @@ class ControllerService(ControllerHealthRPCs, csi_pb2_grpc.ControllerServicer):
             block = is_block(request.volume_capability)
         b = self._backend.capabilities
         size = capacity_bytes(cr, default=b.default_size, granularity=b.size_granularity, minimum=b.min_size)
-        with self._inflight.hold(f"vol:{request.volume_id}"):
+        with self._inflight.hold(self._modification_key(request.volume_id, "expand")):
             disk = self._backend.get_volume(request.volume_id)
             if request.HasField("volume_capability"):  # spec: exceeds capabilities -> INVALID_ARGUMENT
                 _check_serves(disk, [request.volume_capability])
@@ -294,7 +307,7 @@ class ControllerService(ControllerHealthRPCs, csi_pb2_grpc.ControllerServicer):
         check_ids(request)
         require(request.volume_id, "volume_id")
         require(request.mutable_parameters, "mutable_parameters")  # spec: REQUIRED
-        with self._inflight.hold(f"vol:{request.volume_id}"):
+        with self._inflight.hold(self._modification_key(request.volume_id, "modify")):
             self._backend.get_volume(request.volume_id)
             self._backend.modify_volume(request.volume_id, self._mutable(dict(request.mutable_parameters)))
         return csi_pb2.ControllerModifyVolumeResponse()

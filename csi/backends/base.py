@@ -134,6 +134,9 @@ class BackendCapabilities(NamedTuple):
     list_snapshots: bool = True
     get_capacity: bool = False
     modify_volume: bool = False
+    # expand_volume and modify_volume of one volume arriving together are merged into one change (EBS:
+    # one modification per volume, then hours of cool-down), so the controller lets them run together
+    coalesces_modifications: bool = False
     group_snapshots: bool = False
     volume_health: bool = False  # controller: volume_health / list_volume_health
     node_volume_health: bool = False  # node: prepared_device
@@ -184,6 +187,12 @@ class Backend(Reporting, abc.ABC):
         """Calls to the storage API retried since start (throttling, server errors, timeouts), by
         operation; exported as the counter ballast_backend_retries_total. Default: none."""
         return {}
+
+    def canonical_volume_id(self, volume_id: str) -> str:
+        """The one spelling of the volume `volume_id` names, for keys that must be equal whenever two
+        requests name the same volume (the controller's in-flight keys). Never raises: an id that names
+        no volume comes back unchanged. Default: ids have one spelling."""
+        return volume_id
 
     # ---- parameters
 

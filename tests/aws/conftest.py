@@ -12,6 +12,7 @@ import pytest
 from csi.backends.aws import AwsBackend
 from csi.backends.aws.devices import DeviceFinder
 from csi.backends.aws.ec2 import Backoff
+from tests.motoproxy import MotoProxy, running_proxy
 from tests.motoserver import ZONE, make_client, moto_for_tests, run_instance
 
 OTHER_ZONE = "us-east-1b"
@@ -65,6 +66,19 @@ def make_backend(moto_endpoint: str, account: str) -> Iterator[Callable[..., Aws
 @pytest.fixture
 def backend(make_backend: Callable[..., AwsBackend]) -> AwsBackend:
     return make_backend()
+
+
+@pytest.fixture
+def proxy(moto_endpoint: str) -> Iterator[MotoProxy]:
+    """tests/motoproxy.py in front of the session's moto server, for one test."""
+    with running_proxy(moto_endpoint, seed=7) as served:
+        yield served
+
+
+@pytest.fixture
+def slow(make_backend: Callable[..., AwsBackend], proxy: MotoProxy, account: str) -> AwsBackend:
+    """The backend talking to EC2 through the proxy."""
+    return make_backend(client=make_client(proxy.endpoint, account))
 
 
 @pytest.fixture

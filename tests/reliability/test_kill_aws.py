@@ -21,6 +21,7 @@ import grpc
 import pytest
 
 from csi._proto import csi_pb2
+from csi.backends.aws.clones import TAG_CLONE_SCRATCH
 from tests.conformance.driver import Driver, start_driver
 from tests.csiclient import CsiClient, connect
 from tests.failpoint_names import in_code
@@ -78,6 +79,7 @@ class Run:
     name: str
     driver: Driver | None = None
     volume_id: str = ""
+    source_id: str = ""  # the volume a clone scenario clones
     replies: list[Any] = field(default_factory=list)
 
     def start(self, failpoint: str = "") -> CsiClient:
@@ -107,6 +109,13 @@ class Run:
         found = self.moto.ec2.describe_volumes(Filters=[{"Name": "tag:CSIVolumeName", "Values": [self.name]}])
         return [v for v in found["Volumes"] if v["State"] not in ("deleting", "deleted")]
 
+    def scratch_snapshots(self) -> list[str]:
+        """Snapshots tagged as the scratch of a clone named like this scenario (clones.py)."""
+        found = self.moto.ec2.describe_snapshots(
+            OwnerIds=["self"], Filters=[{"Name": f"tag:{TAG_CLONE_SCRATCH}", "Values": [self.name]}]
+        )
+        return [s["SnapshotId"] for s in found["Snapshots"]]
+
     def attachments(self) -> list[str]:
         (volume,) = self.moto.ec2.describe_volumes(VolumeIds=[self.volume_id])["Volumes"]
         return [a["InstanceId"] for a in volume.get("Attachments", []) if a.get("State") != "detached"]
@@ -118,6 +127,12 @@ def _create_req(r: Run) -> csi_pb2.CreateVolumeRequest:
         capacity_range=csi_pb2.CapacityRange(required_bytes=GiB),
         volume_capabilities=[mount_cap()],
     )
+
+
+def _clone_req(r: Run) -> csi_pb2.CreateVolumeRequest:
+    request = _create_req(r)
+    request.volume_content_source.volume.volume_id = r.source_id
+    return request
 
 
 def _publish_req(r: Run) -> csi_pb2.ControllerPublishVolumeRequest:
@@ -132,6 +147,12 @@ def _unpublish_req(r: Run) -> csi_pb2.ControllerUnpublishVolumeRequest:
 
 def _created(r: Run, c: CsiClient) -> None:
     r.volume_id = retry(c.controller.CreateVolume, _create_req(r)).volume.volume_id
+
+
+def _source_created(r: Run, c: CsiClient) -> None:
+    source = _create_req(r)
+    source.name = f"{r.name}-source"
+    r.source_id = retry(c.controller.CreateVolume, source).volume.volume_id
 
 
 def _published(r: Run, c: CsiClient) -> None:
@@ -155,6 +176,11 @@ def _one_volume(r: Run) -> None:
     r.volume_id = live[0]["VolumeId"]
 
 
+def _cloned_without_scratch(r: Run) -> None:
+    _one_volume(r)
+    assert r.scratch_snapshots() == [], "the clone's scratch snapshot was left behind"
+
+
 def _attached_once(r: Run) -> None:
     assert r.attachments() == [r.moto.instance]
     devices = {reply.publish_context["devicePath"] for reply in r.replies}
@@ -171,11 +197,14 @@ def _deleted(r: Run) -> None:
 
 
 CREATE = Scenario(lambda r, c: None, "CreateVolume", _create_req, _one_volume)
+CLONE = Scenario(_source_created, "CreateVolume", _clone_req, _cloned_without_scratch)
 ATTACH = Scenario(_created, "ControllerPublishVolume", _publish_req, _attached_once)
 DETACH = Scenario(_published, "ControllerUnpublishVolume", _unpublish_req, _detached)
 SCENARIOS = {
     "aws.create.requested": CREATE,
     "aws.create.available": CREATE,
+    "aws.clone.snapshotted": CLONE,
+    "aws.clone.restored": CLONE,
     "aws.attach.requested": ATTACH,
     "aws.attach.attached": ATTACH,
     "aws.detach.requested": DETACH,
@@ -219,6 +248,8 @@ def test_killed_at_an_aws_step_then_restarted_the_retry_finishes_it_exactly_once
             retry(client.controller.ControllerUnpublishVolume, _unpublish_req(r))
             retry(client.controller.DeleteVolume, csi_pb2.DeleteVolumeRequest(volume_id=r.volume_id))
             assert r.volumes() == []
+        if r.source_id:
+            retry(client.controller.DeleteVolume, csi_pb2.DeleteVolumeRequest(volume_id=r.source_id))
         client.close()
     finally:
         if r.driver is not None:

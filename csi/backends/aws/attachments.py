@@ -3,23 +3,33 @@
 EBS has no read-only attachments: the node's mount enforces `readonly`, and the flag is remembered in a
 volume tag so that a republish to the same node with the other flag is refused (AlreadyExistsError).
 Device names come from devices.DeviceNames, which skips names in use or reserved by attachments still in
-flight in this process. Attach and detach of one volume never interleave (a per-volume lock).
+flight in this process. A node's attach slots count its attaches in flight in this process too
+(slots.NodeSlots), so concurrent publishes to one node cannot pass its limit together. Attach and detach
+of one volume never interleave (a per-volume lock).
+
+DetachVolume answers that say the attachment is already gone (ALREADY_DETACHED, the codes the AWS EBS CSI
+driver's DetachDisk treats so) are waited out like a detach in progress; any other refusal (permissions,
+instance state, opt-in) is raised at once instead of being waited on.
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Mapping
 from typing import Any
+
+from botocore.exceptions import ClientError
 
 from csi import keys
 from csi.backends.aws.batching import grouped
 from csi.backends.aws.devices import DeviceNames
 from csi.backends.aws.ec2 import Ec2
+from csi.backends.aws.errors import error_code
 from csi.backends.aws.metadata import attach_limit
 from csi.backends.aws.records import ATTACHED_STATES, TAG_READONLY_PREFIX, tags
+from csi.backends.aws.slots import NodeSlots
 from csi.failures import (
     AlreadyExistsError,
+    DriverError,
     FailedPreconditionError,
     InvalidParameterError,
     LimitExceededError,
@@ -30,6 +40,14 @@ from csi.keylocks import KeyedLocks
 from shim import failpoints
 
 NAME_ATTEMPTS = 3  # device names taken concurrently by another attacher before we give up
+# DetachVolume error codes that mean "not attached there (any more)"; every other error is raised.
+ALREADY_DETACHED = frozenset({"IncorrectState", "InvalidAttachment.NotFound", "InvalidVolume.NotFound"})
+
+
+def _ec2_code(exc: DriverError) -> str:
+    """The EC2 error code behind a translated error ("" when it did not come from an EC2 answer)."""
+    cause = exc.__cause__
+    return error_code(cause) if isinstance(cause, ClientError) else ""
 
 
 class Attacher:
@@ -40,27 +58,43 @@ class Attacher:
         self._max_volumes = max_volumes
         self._names = DeviceNames()
         self._locks = KeyedLocks()
+        self._slots = NodeSlots()
 
     def attach(self, vid: str, node_id: str, readonly: bool) -> dict[str, str]:
         """Attach under a free device name and wait until EC2 reports it attached. Idempotent per
         (volume, node); another readonly flag -> AlreadyExistsError; attached elsewhere and not
-        Multi-Attach, or in another zone -> FailedPreconditionError; node full -> LimitExceededError."""
+        Multi-Attach, or in another zone -> FailedPreconditionError; node full, counting the attaches to
+        it in flight in this process -> LimitExceededError."""
         with self._locks.hold(vid):
             volume = self._ec2.describe_volume(vid)
-            instance = self._instance(node_id)
-            device = self._current_device(volume, node_id, readonly)
+            device, used = self._plan(volume, node_id, readonly)
             if device:
                 self._wait_attached(vid, node_id)
                 return {keys.PC_DEVICE_PATH: device}
+            try:
+                if readonly or TAG_READONLY_PREFIX + node_id in tags(volume):  # set, or clear a stale one
+                    self._mark_readonly(vid, node_id, readonly)
+                return {keys.PC_DEVICE_PATH: self._attach_under_free_name(vid, node_id, used)}
+            finally:
+                self._slots.give_back(node_id, vid)
+
+    def _plan(self, volume: Mapping[str, Any], node_id: str, readonly: bool) -> tuple[str, list[str]]:
+        """(device of the existing attachment, []) or ("", device names in use) with an attach slot of
+        the node reserved (slots.NodeSlots: the caller gives it back). Refuses what attach refuses."""
+        with self._slots.counting(node_id) as flying:
+            instance = self._instance(node_id)
+            device = self._current_device(volume, node_id, readonly)
+            if device:
+                return device, []
             zone = instance.get("Placement", {}).get("AvailabilityZone", "")
             if zone and zone != volume["AvailabilityZone"]:
                 raise FailedPreconditionError(
-                    f"volume {vid} is in zone {volume['AvailabilityZone']} but node {node_id} is in {zone}"
+                    f"volume {volume['VolumeId']} is in zone {volume['AvailabilityZone']} but node "
+                    f"{node_id} is in {zone}"
                 )
-            used = self._used_names(instance, node_id)
-            if readonly or TAG_READONLY_PREFIX + node_id in tags(volume):  # set, or clear a stale one
-                self._mark_readonly(vid, node_id, readonly)
-            return {keys.PC_DEVICE_PATH: self._attach_under_free_name(vid, node_id, used)}
+            used = self._used_names(instance, node_id, flying)
+            self._slots.take(node_id, volume["VolumeId"])
+            return "", used
 
     def _current_device(self, volume: Mapping[str, Any], node_id: str, readonly: bool) -> str:
         """The device of an existing attachment to `node_id` ("" when none); refuses what conflicts."""
@@ -78,14 +112,18 @@ class Attacher:
                 raise FailedPreconditionError(f"volume {vid} is attached to node {a['InstanceId']}")
         return ""
 
-    def _used_names(self, instance: Mapping[str, Any], node_id: str) -> list[str]:
+    def _used_names(self, instance: Mapping[str, Any], node_id: str, flying: frozenset[str]) -> list[str]:
         """Device names the instance uses (its root included). The node's attach slots are
         --max-volumes-per-node or what its instance type allows; every volume attached besides the root
-        (by this driver or not) takes one. None free -> LimitExceededError (RESOURCE_EXHAUSTED)."""
-        used = [m["DeviceName"] for m in instance.get("BlockDeviceMappings", [])]
+        (by this driver or not), and every attach to it in flight in this process (`flying`), takes one.
+        None free -> LimitExceededError (RESOURCE_EXHAUSTED)."""
+        mappings = instance.get("BlockDeviceMappings", [])
+        used = [m["DeviceName"] for m in mappings]
         root = instance.get("RootDeviceName", "")
+        on_instance = {m.get("Ebs", {}).get("VolumeId") for m in mappings}
+        coming = len(flying - on_instance)
+        attached = len([u for u in used if u != root]) + coming
         limit = self._max_volumes or attach_limit(instance.get("InstanceType", ""))
-        attached = len([u for u in used if u != root])
         if attached >= limit:
             source = (
                 "--max-volumes-per-node"
@@ -94,7 +132,7 @@ class Attacher:
             )
             raise LimitExceededError(
                 f"node {node_id} has no free attach slot: {attached} volumes attached, "
-                f"limit {limit} ({source})"
+                f"limit {limit} ({source})" + (f"; {coming} of them are being attached now" if coming else "")
             )
         return [*used, root]
 
@@ -162,13 +200,13 @@ class Attacher:
         self._ec2.poll(f"volume {vid} to attach to {node_id}", check)
 
     def detach(self, vid: str, node_id: str) -> None:
-        """Not attached there (or the node is gone) -> no-op; waits until EC2 reports it detached."""
+        """Not attached there (or the node is gone) -> no-op; waits until EC2 reports it detached. A
+        DetachVolume refusal other than ALREADY_DETACHED is raised at once (mapped by errors.AWS_ERRORS)."""
         with self._locks.hold(vid):
             volume = self._ec2.describe_volume(vid)
             if not any(a["InstanceId"] == node_id for a in volume.get("Attachments", [])):
                 return
-            with contextlib.suppress(NotFoundError, FailedPreconditionError):
-                self._ec2.call("detach_volume", VolumeId=vid, InstanceId=node_id)
+            self._request_detach(vid, node_id)
             failpoints.hit("aws.detach.requested")
 
             def check() -> bool | None:
@@ -182,3 +220,11 @@ class Attacher:
             failpoints.hit("aws.detach.detached")
             if TAG_READONLY_PREFIX + node_id in tags(volume):
                 self._mark_readonly(vid, node_id, False)
+
+    def _request_detach(self, vid: str, node_id: str) -> None:
+        """DetachVolume; an answer that the attachment is already gone (ALREADY_DETACHED) is no error."""
+        try:
+            self._ec2.call("detach_volume", VolumeId=vid, InstanceId=node_id)
+        except DriverError as exc:
+            if _ec2_code(exc) not in ALREADY_DETACHED:
+                raise

@@ -22,6 +22,7 @@ from csi.backends.aws import params as P
 from csi.backends.aws import records
 from csi.backends.aws.attachments import Attacher
 from csi.backends.aws.cbt import EBS_BLOCK, EbsBlocks
+from csi.backends.aws.clones import ScratchSnapshots
 from csi.backends.aws.coalesce import Coalescer, Modification
 from csi.backends.aws.devices import DeviceFinder
 from csi.backends.aws.ec2 import PAGE_SIZE, Backoff, Ec2
@@ -40,6 +41,7 @@ from csi.backends.base import (
     GiB,
     NodeIdentity,
     Page,
+    SourceKind,
 )
 from csi.backends.snapshotting import SnapshotDelegation
 from csi.failures import DriverError, FailedPreconditionError, NotFoundError
@@ -69,6 +71,7 @@ def capabilities(zone_key: str, max_volumes: int, changed_blocks: bool) -> Backe
         list_volumes=True,
         list_snapshots=True,
         modify_volume=True,
+        coalesces_modifications=True,
         volume_health=True,
         node_volume_health=True,
         snapshot_topology=True,
@@ -118,6 +121,7 @@ class AwsBackend(SnapshotDelegation, Backend):
         zones = Zones(self.ec2, self.zone_key, zone)
         self._creator = VolumeCreator(self.ec2, zones, self.zone_key)
         self._attacher = Attacher(self.ec2, max_volumes)
+        self._scratch = ScratchSnapshots(self.ec2)
         self._snapshots = EbsSnapshots(self.ec2, zones, self.zone_key)
         self._health = EbsHealth(self.ec2)
         self.ebs = Ec2(ebs_client, backoff, sleep, wait_timeout) if ebs_client is not None else None
@@ -197,6 +201,13 @@ class AwsBackend(SnapshotDelegation, Backend):
     def _disk(self, volume: Mapping[str, Any]) -> Disk:
         return records.to_disk(volume, self.zone_key)
 
+    def canonical_volume_id(self, volume_id: str) -> str:
+        """`vol-...` for every accepted handle (`aws://zone/vol-...`, `aws:///vol-...`)."""
+        try:
+            return P.volume_id(volume_id)
+        except NotFoundError:
+            return volume_id
+
     # ------------------------------------------------------------------ parameters
 
     def validate_parameters(self, parameters: Mapping[str, str]) -> dict[str, str]:
@@ -208,8 +219,12 @@ class AwsBackend(SnapshotDelegation, Backend):
     # ------------------------------------------------------------------ volumes
 
     def create_volume(self, name: str, options: DiskOptions) -> Disk:
-        """Idempotent by name (tag lookup under a per-name lock, then a name-derived client token)."""
-        return self._creator.create(name, options)
+        """Idempotent by name (tag lookup under a per-name lock, then a name-derived client token). A
+        clone's create, found or made, ends with its scratch snapshots deleted (clones.py)."""
+        disk = self._creator.create(name, options)
+        if options.source is not None and options.source.kind is SourceKind.VOLUME:
+            self._scratch.clear(name)
+        return disk
 
     def delete_volume(self, volume_id: str) -> None:
         """Missing -> NotFoundError; attached -> FailedPreconditionError."""

@@ -1,4 +1,5 @@
-"""EBS snapshots, idempotent by their `CSIVolumeSnapshotName` tag (looked up under a per-name lock).
+"""EBS snapshots, idempotent by their `CSIVolumeSnapshotName` tag (looked up under a per-name lock, by
+the literal name: `*` and `?` in it are no wildcards, filters.py).
 
 `tagSpecification_N` snapshot parameters become snapshot tags, as for volumes; `csi.storage.k8s.io/`
 keys are ignored; anything else is an unknown parameter.
@@ -11,11 +12,14 @@ tag, reported as the snapshot's topology); none of them in this region -> OutOfC
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from csi import keys
 from csi.backends.aws import params as P
+from csi.backends.aws.clones import TAG_CLONE_SCRATCH
 from csi.backends.aws.ec2 import Ec2
-from csi.backends.aws.records import TAG_ACCESSIBLE_ZONES, tag_spec, to_snapshot
+from csi.backends.aws.filters import tag_filter, tagged_exactly
+from csi.backends.aws.records import TAG_ACCESSIBLE_ZONES, tag_spec, tags, to_snapshot
 from csi.backends.aws.zones import Zones
 from csi.backends.base import Page, Snapshot, seek_page
 from csi.failures import AlreadyExistsError, InvalidParameterError, NotFoundError, OutOfCapacityError
@@ -69,12 +73,7 @@ class EbsSnapshots:
         if zones:
             snapshot_tags[TAG_ACCESSIBLE_ZONES] = ",".join(zones)
         with self._locks.hold(name):
-            found = self._ec2.describe_all(
-                "describe_snapshots",
-                "Snapshots",
-                Filters=[{"Name": f"tag:{P.TAG_SNAPSHOT_NAME}", "Values": [name]}],
-                OwnerIds=["self"],
-            )
+            found = self._named(name)
             if found:
                 snap = to_snapshot(min(found, key=lambda s: s["SnapshotId"]), self._zone_key)
                 if snap.source_volume_id != vid:
@@ -90,6 +89,16 @@ class EbsSnapshots:
             )
             return to_snapshot(created, self._zone_key)
 
+    def _named(self, name: str) -> list[dict[str, Any]]:
+        """This account's snapshots whose name tag is exactly `name`."""
+        found = self._ec2.describe_all(
+            "describe_snapshots",
+            "Snapshots",
+            Filters=[tag_filter(P.TAG_SNAPSHOT_NAME, name)],
+            OwnerIds=["self"],
+        )
+        return tagged_exactly(found, P.TAG_SNAPSHOT_NAME, name)
+
     def delete(self, snapshot_id: str) -> None:
         self._ec2.call("delete_snapshot", SnapshotId=P.snapshot_id(snapshot_id))
 
@@ -99,7 +108,8 @@ class EbsSnapshots:
     def page(
         self, snapshot_id: str, source_volume_id: str, max_entries: int, starting_token: str
     ) -> Page[Snapshot]:
-        """By id, by source volume, or all snapshots this driver made. Unknown id/source -> empty."""
+        """By id, by source volume, or all snapshots this driver made; never a clone's scratch snapshot
+        (clones.py). Unknown id/source -> empty."""
         try:
             if snapshot_id:
                 snaps = [self.get(snapshot_id)]
@@ -112,7 +122,7 @@ class EbsSnapshots:
                 raw = self._ec2.describe_all(
                     "describe_snapshots", "Snapshots", Filters=filters, OwnerIds=["self"]
                 )
-                snaps = [to_snapshot(s, self._zone_key) for s in raw]
+                snaps = [to_snapshot(s, self._zone_key) for s in raw if TAG_CLONE_SCRATCH not in tags(s)]
         except NotFoundError:
             snaps = []
         return seek_page(snaps, lambda s: s.id, max_entries, starting_token)

@@ -17,6 +17,7 @@ from typing import Any
 from csi.backends.aws import params as P
 from csi.backends.aws import records
 from csi.backends.aws.batching import grouped
+from csi.backends.aws.clones import ScratchSnapshots
 from csi.backends.aws.ec2 import Ec2
 from csi.backends.aws.errors import UnsupportedActionError
 from csi.backends.aws.records import TAG_CONTEXT_PREFIX, TAG_SOURCE_VOLUME, tag_spec
@@ -225,15 +226,9 @@ class VolumeCreator:
     def _clone_via_snapshot(
         self, name: str, source: Mapping[str, Any], args: dict[str, object], tags: dict[str, str]
     ) -> str:
-        snap = self._ec2.call(
-            "create_snapshot",
-            VolumeId=source["VolumeId"],
-            Description=f"clone of {source['VolumeId']} for {name}",
-            TagSpecifications=tag_spec("snapshot", {P.TAG_DRIVER: "true"}),
-        )
-        sid = snap["SnapshotId"]
-        try:
-            self._ec2.poll(f"snapshot {sid}", lambda: True if self._snapshot_ready(sid) else None)
+        """A scratch snapshot of the source restored into the clone, then deleted (clones.py)."""
+
+        def restore(sid: str) -> str:
             created = self._ec2.call(
                 "create_volume",
                 AvailabilityZone=source["AvailabilityZone"],
@@ -242,13 +237,9 @@ class VolumeCreator:
                 TagSpecifications=tag_spec("volume", tags),
                 **args,
             )
-        finally:
-            with contextlib.suppress(DriverError):
-                self._ec2.call("delete_snapshot", SnapshotId=sid)
-        return str(created["VolumeId"])
+            return str(created["VolumeId"])
 
-    def _snapshot_ready(self, sid: str) -> bool:
-        return records.to_snapshot(self._ec2.describe_snapshot(sid), self._zone_key).ready
+        return ScratchSnapshots(self._ec2).clone(name, source["VolumeId"], restore)
 
     def wait_available(self, vid: str) -> dict[str, Any]:
         """The volume's record once EC2 reports it available (or in use). A volume EC2 failed to create

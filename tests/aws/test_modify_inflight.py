@@ -1,0 +1,129 @@
+"""ControllerExpandVolume and ControllerModifyVolume of one EBS volume, through the real gRPC server
+over moto (behind tests/motoproxy.py, which counts ModifyVolume calls): arriving together they reach the
+coalescer and become one ModifyVolume (EBS allows one per volume, then hours of cool-down), whatever
+spelling of the volume id each uses; a duplicate of either, or a DeleteVolume meanwhile, is still refused
+(ABORTED), because the in-flight keys use the canonical volume id."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from csi._proto import csi_pb2
+from csi.backends.aws import AwsBackend
+from csi.backends.base import DiskOptions, GiB
+from csi.config import parse_args
+from csi.server import Driver
+from tests.csiclient import CsiClient, connect
+from tests.motoproxy import MotoProxy
+from tests.motoserver import ZONE, make_client
+
+WINDOW = 1.0  # the coalescer's window: the second request arrives within it
+LATER = 0.3
+OK = grpc.StatusCode.OK
+ABORTED = grpc.StatusCode.ABORTED
+
+Request = Callable[[str], tuple[str, Any]]  # volume id -> (controller method, request)
+
+
+def expand(gib: int, handle: str = "{}") -> Request:
+    def build(vid: str) -> tuple[str, Any]:
+        size = csi_pb2.CapacityRange(required_bytes=gib * GiB)
+        return "ControllerExpandVolume", csi_pb2.ControllerExpandVolumeRequest(
+            volume_id=handle.format(vid), capacity_range=size
+        )
+
+    return build
+
+
+def modify(iops: int, handle: str = "{}") -> Request:
+    def build(vid: str) -> tuple[str, Any]:
+        return "ControllerModifyVolume", csi_pb2.ControllerModifyVolumeRequest(
+            volume_id=handle.format(vid), mutable_parameters={"iops": str(iops)}
+        )
+
+    return build
+
+
+def delete(handle: str = "{}") -> Request:
+    def build(vid: str) -> tuple[str, Any]:
+        return "DeleteVolume", csi_pb2.DeleteVolumeRequest(volume_id=handle.format(vid))
+
+    return build
+
+
+@pytest.fixture
+def serve(
+    make_backend: Callable[..., AwsBackend], proxy: MotoProxy, account: str, tmp_path: Path
+) -> Iterator[Callable[[bool], tuple[CsiClient, AwsBackend]]]:
+    """Start the real driver over the aws backend (through the proxy); `coalescing=False` serves it as
+    if the backend had no coalescer."""
+    stops: list[Callable[[], None]] = []
+
+    def start(coalescing: bool) -> tuple[CsiClient, AwsBackend]:
+        socket = f"{tmp_path}/csi.sock"
+        config, _ = parse_args(["--backend", "aws", "--endpoint", f"unix://{socket}", "--zone", ZONE])
+        backend = make_backend(client=make_client(proxy.endpoint, account), modify_window=WINDOW)
+        backend.capabilities = backend.capabilities._replace(coalesces_modifications=coalescing)
+        driver = Driver(config, backend=backend)
+        driver.start()
+        client = connect(socket)
+        stops.extend([client.close, lambda: driver.stop(grace=1)])
+        return client, backend
+
+    yield start
+    for stop in stops:
+        stop()
+
+
+def code_of(future: Any) -> grpc.StatusCode:
+    try:
+        future.result()
+    except grpc.RpcError as exc:
+        return exc.code()
+    return OK
+
+
+IN_TREE = "aws:///{}"
+ZONAL = f"aws://{ZONE}/{{}}"
+
+
+@pytest.mark.parametrize(
+    ("coalescing", "first", "second", "second_code", "size_gib", "iops"),
+    [
+        pytest.param(True, expand(20), modify(4000), OK, 20, 4000, id="expand-then-modify-are-one"),
+        pytest.param(True, expand(20), modify(4000, IN_TREE), OK, 20, 4000, id="modify-by-in-tree-id-joins"),
+        pytest.param(True, modify(4000), expand(20, ZONAL), OK, 20, 4000, id="expand-by-zonal-id-joins"),
+        pytest.param(True, expand(20), expand(30, IN_TREE), ABORTED, 20, 3000, id="second-expand-refused"),
+        pytest.param(True, expand(20), delete(IN_TREE), ABORTED, 20, 3000, id="delete-meanwhile-refused"),
+        pytest.param(False, expand(20), modify(4000), ABORTED, 20, 3000, id="no-coalescer-modify-refused"),
+    ],
+)
+def test_expand_and_modify_arriving_together(
+    serve: Callable[[bool], tuple[CsiClient, AwsBackend]],
+    proxy: MotoProxy,
+    ec2: Any,
+    coalescing: bool,
+    first: Request,
+    second: Request,
+    second_code: grpc.StatusCode,
+    size_gib: int,
+    iops: int,
+) -> None:
+    client, backend = serve(coalescing)
+    vid = backend.create_volume("pvc-mod", DiskOptions(size_bytes=10 * GiB, parameters={"type": "gp3"})).id
+    proxy.reset()
+    calls = [first(vid), second(vid)]
+    futures = []
+    for method, request in calls:
+        futures.append(getattr(client.controller, method).future(request, timeout=60))
+        time.sleep(LATER)
+    assert [code_of(f) for f in futures] == [OK, second_code], [f.exception() for f in futures]
+    assert proxy.calls["ModifyVolume"] == 1
+    (volume,) = ec2.describe_volumes(VolumeIds=[vid])["Volumes"]
+    assert (volume["Size"], volume["Iops"]) == (size_gib, iops)
