@@ -35,14 +35,28 @@ MUTABLE_KEYS = (TYPE, IOPS, THROUGHPUT)
 
 DEFAULT_TYPE = "gp3"
 
-# ---- tags the driver owns
+# ---- tags the driver owns: the one list of the keys it writes or reads, so that user tags
+# (tagSpecification_N) can be refused any of them (`reserved_tag`)
 TAG_VOLUME_NAME = "CSIVolumeName"
 TAG_SNAPSHOT_NAME = "CSIVolumeSnapshotName"
 TAG_DRIVER = "ebs.csi.aws.com/cluster"
+TAG_SOURCE_VOLUME = "CSISourceVolumeId"  # set on clones: CreateVolume idempotency compares it
 TAG_CREATED_FOR = (
     "kubernetes.io/created-for/"  # in-tree era tags: .../pvc/name, .../pvc/namespace, .../pv/name
 )
-RESERVED_TAGS = frozenset({TAG_VOLUME_NAME, TAG_SNAPSHOT_NAME, TAG_DRIVER})
+TAG_NAMESPACE = "ballast.dev/"  # every tag Ballast adds beyond the EBS driver's lives under it
+TAG_READONLY_PREFIX = TAG_NAMESPACE + "published-readonly/"  # + instance id: published read-only there
+TAG_CONTEXT_PREFIX = TAG_NAMESPACE + "volume-context/"  # one tag per generic volume_context entry
+# On snapshots: the zones (comma-separated) a CreateSnapshot with accessibility requirements was promised.
+TAG_ACCESSIBLE_ZONES = TAG_NAMESPACE + "accessible-zones"
+RESERVED_TAGS = frozenset({TAG_VOLUME_NAME, TAG_SNAPSHOT_NAME, TAG_DRIVER, TAG_SOURCE_VOLUME})
+RESERVED_TAG_PREFIXES = (TAG_CREATED_FOR, TAG_NAMESPACE)
+
+
+def reserved_tag(key: str) -> bool:
+    """True for a tag key a user may not set: AWS's own (`aws:`, any case) and every key or key prefix
+    the driver writes or reads."""
+    return key.lower().startswith("aws:") or key in RESERVED_TAGS or key.startswith(RESERVED_TAG_PREFIXES)
 
 
 @dataclass(frozen=True)
@@ -122,8 +136,8 @@ def _tag(key: str, value: str) -> tuple[str, str]:
     name = name.strip()
     if not sep or not name:
         raise InvalidParameterError(f"parameter {key}: expected key=value, got {value!r}")
-    if name.lower().startswith("aws:") or name in RESERVED_TAGS:
-        raise InvalidParameterError(f"parameter {key}: tag {name!r} is reserved")
+    if reserved_tag(name):
+        raise InvalidParameterError(f"parameter {key}: tag key {name!r} is reserved for the driver or AWS")
     return name, tag_value.strip()
 
 

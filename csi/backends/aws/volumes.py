@@ -19,7 +19,7 @@ from csi.backends.aws import records
 from csi.backends.aws.batching import grouped
 from csi.backends.aws.ec2 import Ec2
 from csi.backends.aws.errors import UnsupportedActionError
-from csi.backends.aws.records import TAG_CONTEXT_PREFIX, TAG_SOURCE_VOLUME, tag_spec
+from csi.backends.aws.records import tag_spec
 from csi.backends.aws.zones import Zones
 from csi.backends.base import ContentSource, Disk, DiskOptions, GiB, SourceKind
 from csi.failures import (
@@ -133,7 +133,7 @@ class VolumeCreator:
             P.TAG_VOLUME_NAME: name,
             P.TAG_DRIVER: "true",
             **P.user_tags(params),
-            **{TAG_CONTEXT_PREFIX + k: v for k, v in options.context.items()},
+            **{P.TAG_CONTEXT_PREFIX + k: v for k, v in options.context.items()},
         }
         source = options.source
         if source is not None and source.kind is SourceKind.VOLUME:
@@ -203,7 +203,7 @@ class VolumeCreator:
             raise OutOfRangeError(
                 f"volume {source_id} is {source['Size']} GiB, larger than the requested {args['Size']} GiB"
             )
-        tags = {**tags, TAG_SOURCE_VOLUME: source_id}
+        tags = {**tags, P.TAG_SOURCE_VOLUME: source_id}
         vid = ""
         if self._copy_volumes:
             try:
