@@ -191,6 +191,8 @@ def _canonical(parameters: Mapping[str, str]) -> dict[str, str]:
 
 
 def _check_iops(out: Mapping[str, str], kind: str) -> None:
+    """Whole numbers, on a type that takes them, not both; the range depends on the size and is applied
+    at creation (provisioned_iops)."""
     limits = VOLUME_TYPES[kind]
     if IOPS in out and IOPS_PER_GB in out:
         raise InvalidParameterError(f"parameters {IOPS} and {IOPS_PER_GB} are mutually exclusive")
@@ -199,10 +201,6 @@ def _check_iops(out: Mapping[str, str], kind: str) -> None:
             _int(key, out[key])
             if not limits.max_iops:
                 raise InvalidParameterError(f"parameter {key}: volume type {kind} has no provisioned IOPS")
-    if IOPS in out and not limits.min_iops <= int(out[IOPS]) <= limits.max_iops:
-        raise InvalidParameterError(
-            f"parameter {IOPS}: {kind} allows {limits.min_iops}..{limits.max_iops}, got {out[IOPS]}"
-        )
     if limits.iops_required and IOPS not in out and IOPS_PER_GB not in out:
         raise InvalidParameterError(f"volume type {kind} needs parameter {IOPS} or {IOPS_PER_GB}")
 
@@ -251,24 +249,34 @@ def check_size(kind: str, size_gib: int) -> None:
         )
 
 
+def max_iops(kind: str, size_gib: int) -> int:
+    """The most IOPS EBS provisions for a `kind` volume of `size_gib`: the type maximum, and at most its
+    IOPS-per-GiB ratio times the size, though never less than the type minimum (a 1 GiB gp3 has 3000)."""
+    limits = VOLUME_TYPES[kind]
+    return min(limits.max_iops, max(limits.min_iops, limits.max_iops_per_gib * size_gib))
+
+
 def provisioned_iops(params: Mapping[str, str], size_gib: int) -> int | None:
-    """IOPS to request for a volume of `size_gib`: explicit `iops`, or `iopsPerGB` x size capped at the
-    type maximum; below the type minimum it is raised only with allowAutoIOPSPerGBIncrease=true."""
+    """IOPS to request for a volume of `size_gib` (None: the type's default), as the EBS CSI driver
+    computes them: explicit `iops`, or `iopsPerGB` x size, capped at max_iops. Below the type minimum it is
+    raised to the minimum with allowAutoIOPSPerGBIncrease=true, else InvalidParameterError."""
     kind = params.get(TYPE, DEFAULT_TYPE)
     limits = VOLUME_TYPES[kind]
     if IOPS in params:
-        return int(params[IOPS])
-    if IOPS_PER_GB not in params:
+        requested, given = int(params[IOPS]), f"{IOPS}={params[IOPS]} is"
+    elif IOPS_PER_GB in params:
+        requested = int(params[IOPS_PER_GB]) * size_gib
+        given = f"{IOPS_PER_GB}={params[IOPS_PER_GB]} on {size_gib} GiB gives {requested} IOPS, which is"
+    else:
         return None
-    iops = min(int(params[IOPS_PER_GB]) * size_gib, limits.max_iops, limits.max_iops_per_gib * size_gib)
-    if iops < limits.min_iops:
+    if requested < limits.min_iops:
         if params.get(ALLOW_AUTO_IOPS) != "true":
             raise InvalidParameterError(
-                f"{IOPS_PER_GB}={params[IOPS_PER_GB]} on {size_gib} GiB gives {iops} IOPS, below the {kind} "
-                f"minimum {limits.min_iops}; set {ALLOW_AUTO_IOPS}=true to raise it automatically"
+                f"{given} below the {kind} minimum {limits.min_iops}; "
+                f"set {ALLOW_AUTO_IOPS}=true to raise it automatically"
             )
-        iops = limits.min_iops
-    return iops
+        return limits.min_iops
+    return min(requested, max_iops(kind, size_gib))
 
 
 def create_arguments(params: Mapping[str, str], size_gib: int) -> dict[str, object]:
