@@ -279,6 +279,20 @@ def provisioned_iops(params: Mapping[str, str], size_gib: int) -> int | None:
     return min(requested, max_iops(kind, size_gib))
 
 
+def described(fields: Mapping[str, Any]) -> dict[str, object]:
+    """Size, type, IOPS and throughput (what ModifyVolume can change) as DescribeVolumes reports them,
+    from a volume record or from CreateVolume arguments: IOPS only for the types that provision them and
+    throughput only for gp3, each at the type's baseline (its minimum) when not given, as EC2 sets it."""
+    kind = str(fields.get("VolumeType", DEFAULT_TYPE))
+    limits = VOLUME_TYPES.get(kind)
+    out: dict[str, object] = {"Size": int(fields["Size"]), "VolumeType": kind}
+    if limits is not None and limits.max_iops:
+        out["Iops"] = int(fields.get("Iops") or limits.min_iops)
+    if limits is not None and limits.throughput is not None:
+        out["Throughput"] = int(fields.get("Throughput") or limits.throughput[0])
+    return out
+
+
 def create_arguments(params: Mapping[str, str], size_gib: int) -> dict[str, object]:
     """CreateVolume / CopyVolumes arguments (besides zone, token, tags, source) for these parameters."""
     kind = params.get(TYPE, DEFAULT_TYPE)

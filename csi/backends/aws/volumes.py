@@ -12,7 +12,7 @@ import contextlib
 import hashlib
 import logging
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from csi.backends.aws import params as P
 from csi.backends.aws import records
@@ -55,6 +55,56 @@ def create_parameters(options: DiskOptions) -> dict[str, str]:
     return params
 
 
+class Request(NamedTuple):
+    """What CreateVolume sends for one request: its arguments (besides zone, token, tags and source),
+    every tag, and of those the user's (tagSpecification_N, PVC/PV metadata)."""
+
+    args: dict[str, object]
+    tags: dict[str, str]
+    user_tags: dict[str, str]
+
+
+MODIFIABLE_LABELS = {
+    "Size": "size {} GiB",
+    "VolumeType": "type {}",
+    "Iops": "iops {}",
+    "Throughput": "throughput {} MiB/s",
+}
+
+
+def same_kms_key(requested: str, described: str) -> bool:
+    """Whether the `kmsKeyId` parameter names the key EC2 describes (always as a key ARN): the same ARN
+    or key id. An alias cannot be resolved without KMS, so it is taken to match."""
+    if "alias/" in requested:
+        return True
+    return described.rsplit("/", 1)[-1] == requested.rsplit("/", 1)[-1]
+
+
+def fixed_differences(
+    volume: Mapping[str, Any], args: Mapping[str, object], user_tags: Mapping[str, str]
+) -> list[str]:
+    """What CreateVolume set that no modification changes and that differs from `args`: encryption and
+    its key, Multi-Attach, and the user's tags (each must be on the volume; tags added since are not
+    held against it). An encrypted volume answers a request that did not ask for encryption: EC2
+    encrypts every volume where the account encrypts by default, and restores of encrypted snapshots."""
+    problems = []
+    if args.get("Encrypted") and not volume.get("Encrypted"):
+        problems.append("encryption (not encrypted)")
+    key = str(args.get("KmsKeyId") or "")
+    if key and not same_kms_key(key, str(volume.get("KmsKeyId") or "")):
+        problems.append(f"KMS key {volume.get('KmsKeyId') or 'none'}")
+    multi_attach = bool(volume.get("MultiAttachEnabled"))
+    if bool(args.get("MultiAttachEnabled")) != multi_attach:
+        problems.append(f"Multi-Attach ({'enabled' if multi_attach else 'disabled'})")
+    have = records.tags(volume)
+    problems += [
+        f"tag {k}={have[k]}" if k in have else f"tags (no {k})"
+        for k, v in user_tags.items()
+        if have.get(k) != v
+    ]
+    return problems
+
+
 class VolumeCreator:
     """The CreateVolume path of the aws backend."""
 
@@ -66,14 +116,39 @@ class VolumeCreator:
         self._copy_volumes = True  # False once the endpoint answered that it lacks CopyVolumes
 
     def create(self, name: str, options: DiskOptions) -> Disk:
-        """Idempotent by name: the existing volume when compatible, else AlreadyExistsError."""
+        """Idempotent by name: the existing volume when made with these arguments (_check_compatible),
+        else AlreadyExistsError."""
         params = create_parameters(options)
+        request = self._request(name, options, params)
         with self._locks.hold(name):
             existing = self._find_by_name(name)
             if existing is not None:
-                self._check_compatible(existing, name, options, params)
-                return self._disk(self.wait_available(existing["VolumeId"]))
-            return self._create(name, options, params)
+                return self._existing(existing, name, options, request)
+            return self._create(name, options, params, request)
+
+    def _request(self, name: str, options: DiskOptions, params: Mapping[str, str]) -> Request:
+        """The CreateVolume arguments and tags for `options`; multi-node access on a type without
+        Multi-Attach -> InvalidParameterError."""
+        args = P.create_arguments(params, P.gib(options.size_bytes))
+        if options.multi_node:
+            if params[P.TYPE] not in P.MULTI_ATTACH_TYPES:
+                raise InvalidParameterError(
+                    f"multi-node access needs EBS Multi-Attach: type io2 (or io1), not {params[P.TYPE]}"
+                )
+            args["MultiAttachEnabled"] = True
+        user_tags = P.user_tags(params)
+        tags = {
+            P.TAG_VOLUME_NAME: name,
+            P.TAG_DRIVER: "true",
+            **user_tags,
+            **{P.TAG_CONTEXT_PREFIX + k: v for k, v in options.context.items()},
+        }
+        return Request(args, tags, user_tags)
+
+    def _existing(self, volume: Mapping[str, Any], name: str, options: DiskOptions, request: Request) -> Disk:
+        """The named volume, once available, if it answers this request; else AlreadyExistsError."""
+        self._check_compatible(volume, name, options, request)
+        return self._disk(self.wait_available(volume["VolumeId"]))
 
     def _disk(self, volume: Mapping[str, Any]) -> Disk:
         return records.to_disk(volume, self._zone_key)
@@ -97,14 +172,14 @@ class VolumeCreator:
         return min(volumes, key=lambda v: (v.get("CreateTime") or 0, v["VolumeId"]))
 
     def _check_compatible(
-        self, volume: Mapping[str, Any], name: str, options: DiskOptions, params: Mapping[str, str]
+        self, volume: Mapping[str, Any], name: str, options: DiskOptions, request: Request
     ) -> None:
+        """AlreadyExistsError naming every difference between the volume and what this request would
+        create: its zone (outside the requisite topology), source and volume context, its size, type,
+        IOPS and throughput (_modifiable_differences), and its encryption, Multi-Attach and user tags
+        (fixed_differences)."""
         disk = self._disk(volume)
         problems = []
-        if disk.size_bytes != P.gib(options.size_bytes) * GiB:
-            problems.append(f"size {disk.size_bytes} bytes")
-        if volume.get("VolumeType") != params.get(P.TYPE, P.DEFAULT_TYPE):
-            problems.append(f"type {volume.get('VolumeType')}")
         wanted = options.source
         if wanted is not None and wanted.kind is SourceKind.VOLUME:
             wanted = ContentSource(SourceKind.VOLUME, P.volume_id(wanted.id))
@@ -115,26 +190,38 @@ class VolumeCreator:
             problems.append(f"zone {volume['AvailabilityZone']}")
         if dict(options.context) != dict(disk.volume_context):
             problems.append(f"volume context {dict(disk.volume_context)}")
+        problems += self._modifiable_differences(volume, request.args)
+        problems += fixed_differences(volume, request.args, request.user_tags)
         if problems:
             raise AlreadyExistsError(
                 f"volume {name!r} already exists as {volume['VolumeId']} with different {', '.join(problems)}"
             )
 
-    def _create(self, name: str, options: DiskOptions, params: dict[str, str]) -> Disk:
+    def _modifiable_differences(self, volume: Mapping[str, Any], args: Mapping[str, object]) -> list[str]:
+        """Size, type, IOPS and throughput that differ from `args`. Once EC2 reports a modification of
+        the volume (ControllerExpandVolume/ModifyVolume), these no longer say what it was created
+        with, and EC2 describes only the latest modification, so the creation values cannot be
+        recovered: then only a size above the current one differs (EBS volumes only grow). A replay
+        of the original request is so answered with the volume, as the EBS CSI driver answers it
+        (EC2 matches its client token against the creation request)."""
+        have, want = P.described(volume), P.described(args)
+        changed = [key for key in want if want[key] != have.get(key)]
+        if changed and self._modified(volume["VolumeId"]):
+            larger = int(str(args["Size"])) > int(volume["Size"])
+            changed = [key for key in changed if key == "Size" and larger]
+        return [MODIFIABLE_LABELS[key].format(have.get(key, "none")) for key in changed]
+
+    def _modified(self, vid: str) -> bool:
+        """Whether EC2 reports a modification of the volume. A filter, not VolumeIds: EC2 answers the id
+        of a volume never modified with an error."""
+        filters = [{"Name": "volume-id", "Values": [vid]}]
+        return bool(
+            self._ec2.call("describe_volumes_modifications", Filters=filters).get("VolumesModifications")
+        )
+
+    def _create(self, name: str, options: DiskOptions, params: dict[str, str], request: Request) -> Disk:
         size_gib = P.gib(options.size_bytes)
-        args = P.create_arguments(params, size_gib)
-        if options.multi_node:
-            if params[P.TYPE] not in P.MULTI_ATTACH_TYPES:
-                raise InvalidParameterError(
-                    f"multi-node access needs EBS Multi-Attach: type io2 (or io1), not {params[P.TYPE]}"
-                )
-            args["MultiAttachEnabled"] = True
-        tags = {
-            P.TAG_VOLUME_NAME: name,
-            P.TAG_DRIVER: "true",
-            **P.user_tags(params),
-            **{P.TAG_CONTEXT_PREFIX + k: v for k, v in options.context.items()},
-        }
+        args, tags = dict(request.args), dict(request.tags)
         source = options.source
         if source is not None and source.kind is SourceKind.VOLUME:
             return self._clone(name, P.volume_id(source.id), options, args, tags)
