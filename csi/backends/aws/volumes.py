@@ -1,9 +1,10 @@
 """Creating EBS volumes: from nothing, from a snapshot, or as a clone, idempotent by name.
 
-A volume is found again by its `CSIVolumeName` tag (looked up under a per-name lock), and CreateVolume
-carries a client token derived from the name, so neither a retry nor a concurrent duplicate creates a
-second volume. Clones stay in their source's zone: CopyVolumes where the endpoint has it, else a
-temporary snapshot restored into the new volume.
+A volume is found again by its `CSIVolumeName` tag (looked up under a per-name lock) and answers only a
+request with the arguments it was made with; CreateVolume carries a client token derived from the name,
+so neither a retry nor a concurrent duplicate creates a second volume, and a token EC2 has burned gives
+way to the next one derived from the name. Clones stay in their source's zone: CopyVolumes where the
+endpoint has it, else a temporary snapshot restored into the new volume.
 """
 
 from __future__ import annotations
@@ -11,14 +12,14 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 from csi.backends.aws import params as P
 from csi.backends.aws import records
 from csi.backends.aws.batching import grouped
 from csi.backends.aws.ec2 import Ec2
-from csi.backends.aws.errors import UnsupportedActionError
+from csi.backends.aws.errors import IdempotentParameterMismatchError, UnsupportedActionError
 from csi.backends.aws.records import tag_spec
 from csi.backends.aws.zones import Zones
 from csi.backends.base import ContentSource, Disk, DiskOptions, GiB, SourceKind
@@ -36,11 +37,14 @@ from shim import failpoints
 
 log = logging.getLogger("ballast.aws")
 LIVE_VOLUME_STATES = ["creating", "available", "in-use", "error"]
+MAX_CLIENT_TOKENS = 8  # burned client tokens of one name passed over in one call, then UNAVAILABLE
+Send = Callable[[str], Mapping[str, Any]]  # issues one create call with this client token
 
 
 def client_token(name: str, attempt: int = 0) -> str:
-    """CreateVolume ClientToken for a volume name (64 hex chars, EC2's limit). `attempt` > 0 derives a
-    fresh token when EC2 answers an old one with a volume that has since been deleted."""
+    """CreateVolume ClientToken for a volume name (64 hex chars, EC2's limit). `attempt` > 0 derives the
+    next token once EC2 has burned the previous ones (VolumeCreator._with_token). The NUL separator
+    keeps every name's tokens apart (no CSI name holds one)."""
     seed = name if attempt == 0 else f"{name}\x00{attempt}"
     return hashlib.sha256(seed.encode()).hexdigest()
 
@@ -124,7 +128,7 @@ class VolumeCreator:
             existing = self._find_by_name(name)
             if existing is not None:
                 return self._existing(existing, name, options, request)
-            return self._create(name, options, params, request)
+            return self._create(name, options, request)
 
     def _request(self, name: str, options: DiskOptions, params: Mapping[str, str]) -> Request:
         """The CreateVolume arguments and tags for `options`; multi-node access on a type without
@@ -219,13 +223,14 @@ class VolumeCreator:
             self._ec2.call("describe_volumes_modifications", Filters=filters).get("VolumesModifications")
         )
 
-    def _create(self, name: str, options: DiskOptions, params: dict[str, str], request: Request) -> Disk:
-        size_gib = P.gib(options.size_bytes)
-        args, tags = dict(request.args), dict(request.tags)
+    def _create(self, name: str, options: DiskOptions, request: Request) -> Disk:
+        """A new volume: empty, restored from a snapshot (within the zones it was promised for) or a
+        clone of a volume."""
         source = options.source
         if source is not None and source.kind is SourceKind.VOLUME:
-            return self._clone(name, P.volume_id(source.id), options, args, tags)
+            return self._clone(name, P.volume_id(source.id), options, request)
         if source is not None:
+            size_gib = P.gib(options.size_bytes)
             raw = self._ec2.describe_snapshot(P.snapshot_id(source.id))
             snap = records.to_snapshot(raw, self._zone_key)
             if snap.size_bytes > size_gib * GiB:
@@ -233,9 +238,9 @@ class VolumeCreator:
                     f"snapshot {snap.id} holds {snap.size_bytes} bytes, "
                     f"more than the requested {size_gib} GiB"
                 )
-            args["SnapshotId"] = snap.id
+            request = request._replace(args={**request.args, "SnapshotId": snap.id})
             options = self._within(options, snap.id, records.accessible_zones(raw))
-        return self._create_in(self._zones.pick(options), name, args, tags)
+        return self._create_in(self._zones.pick(options), name, options, request)
 
     def _within(self, options: DiskOptions, snapshot_id: str, zones: list[str]) -> DiskOptions:
         """A restore stays in the zones its snapshot was promised for (none promised: anywhere); a
@@ -253,31 +258,50 @@ class VolumeCreator:
             preferred=[s for s in options.preferred if self._zones.zone_of(s) in zones],
         )
 
-    def _create_in(self, zone: str, name: str, args: dict[str, object], tags: dict[str, str]) -> Disk:
-        """CreateVolume with the name's client token; a token EC2 answers with a deleted volume is
-        burned, so the next attempt derives a fresh one."""
-        for attempt in range(3):
+    def _create_in(self, zone: str, name: str, options: DiskOptions, request: Request) -> Disk:
+        """CreateVolume in `zone`, waited for until available (_with_token)."""
+
+        def send(token: str) -> Mapping[str, Any]:
             created = self._ec2.call(
                 "create_volume",
                 AvailabilityZone=zone,
-                ClientToken=client_token(name, attempt),
-                TagSpecifications=tag_spec("volume", tags),
-                **args,
+                ClientToken=token,
+                TagSpecifications=tag_spec("volume", request.tags),
+                **request.args,
             )
             failpoints.hit("aws.create.requested")
+            return created
+
+        volume = self._with_token(name, options, request, send)
+        failpoints.hit("aws.create.available")
+        return self._disk(volume)
+
+    def _with_token(self, name: str, options: DiskOptions, request: Request, send: Send) -> dict[str, Any]:
+        """The available volume `send` creates with the name's client token, the EBS CSI driver's way:
+        EC2 burns a token whose volume failed (answering it with the deleted volume, or with
+        IdempotentParameterMismatch for hours), so a burned token moves on to the next one
+        (client_token(name, 1), 2, ...). A mismatch is a burned token only when no live volume has
+        the name; when one does, that volume answers as it would have to the name lookup
+        (_check_compatible: AlreadyExistsError if made with other arguments)."""
+        for attempt in range(MAX_CLIENT_TOKENS):
+            try:
+                created = send(client_token(name, attempt))
+            except IdempotentParameterMismatchError:
+                existing = self._find_by_name(name)
+                if existing is not None:
+                    self._check_compatible(existing, name, options, request)
+                    return self.wait_available(existing["VolumeId"])
+                log.info("client token %d of %r is burned (EC2 knows it with other arguments)", attempt, name)
+                continue
             if created.get("State") not in ("deleting", "deleted"):
                 with contextlib.suppress(NotFoundError):  # gone at once: the token was burned
-                    disk = self._disk(self.wait_available(created["VolumeId"]))
-                    failpoints.hit("aws.create.available")
-                    return disk
+                    return self.wait_available(created["VolumeId"])
             log.info(
-                "client token of %r answered with deleted volume %s; new token", name, created["VolumeId"]
+                "client token %d of %r answered with deleted volume %s", attempt, name, created["VolumeId"]
             )
-        raise TransientError(f"EC2 keeps returning deleted volumes for {name!r}; retry later")
+        raise TransientError(f"EC2 has burned {MAX_CLIENT_TOKENS} client tokens of {name!r}; retry later")
 
-    def _clone(
-        self, name: str, source_id: str, options: DiskOptions, args: dict[str, object], tags: dict[str, str]
-    ) -> Disk:
+    def _clone(self, name: str, source_id: str, options: DiskOptions, request: Request) -> Disk:
         """Clones stay in the source's zone: CopyVolumes, else snapshot + restore."""
         source = self._ec2.describe_volume(source_id)
         allowed = self._zones.requisite(options)
@@ -286,32 +310,35 @@ class VolumeCreator:
                 f"a clone of {source_id} must be in its zone {source['AvailabilityZone']}, "
                 f"which the requested topology excludes"
             )
-        if int(source["Size"]) > int(str(args["Size"])):
+        if int(source["Size"]) > int(str(request.args["Size"])):
             raise OutOfRangeError(
-                f"volume {source_id} is {source['Size']} GiB, larger than the requested {args['Size']} GiB"
+                f"volume {source_id} is {source['Size']} GiB, "
+                f"larger than the requested {request.args['Size']} GiB"
             )
-        tags = {**tags, P.TAG_SOURCE_VOLUME: source_id}
-        vid = ""
+        request = request._replace(tags={**request.tags, P.TAG_SOURCE_VOLUME: source_id})
         if self._copy_volumes:
-            try:
+
+            def copy(token: str) -> Mapping[str, Any]:
                 copied = self._ec2.call(
                     "copy_volumes",
                     SourceVolumeId=source_id,
-                    ClientToken=client_token(name),
-                    TagSpecifications=tag_spec("volume", tags),
-                    **args,
+                    ClientToken=token,
+                    TagSpecifications=tag_spec("volume", request.tags),
+                    **request.args,
                 )
-                vid = copied["Volumes"][0]["VolumeId"]
+                volume: Mapping[str, Any] = copied["Volumes"][0]
+                return volume
+
+            try:
+                return self._disk(self._with_token(name, options, request, copy))
             except UnsupportedActionError as exc:
                 log.warning("CopyVolumes unavailable at this endpoint (%s); cloning via snapshots", exc)
                 self._copy_volumes = False
-        if not vid:
-            vid = self._clone_via_snapshot(name, source, args, tags)
-        return self._disk(self.wait_available(vid))
+        return self._disk(self._clone_via_snapshot(name, source, options, request))
 
     def _clone_via_snapshot(
-        self, name: str, source: Mapping[str, Any], args: dict[str, object], tags: dict[str, str]
-    ) -> str:
+        self, name: str, source: Mapping[str, Any], options: DiskOptions, request: Request
+    ) -> dict[str, Any]:
         snap = self._ec2.call(
             "create_snapshot",
             VolumeId=source["VolumeId"],
@@ -319,20 +346,23 @@ class VolumeCreator:
             TagSpecifications=tag_spec("snapshot", {P.TAG_DRIVER: "true"}),
         )
         sid = snap["SnapshotId"]
-        try:
-            self._ec2.poll(f"snapshot {sid}", lambda: True if self._snapshot_ready(sid) else None)
-            created = self._ec2.call(
+
+        def restore(token: str) -> Mapping[str, Any]:
+            return self._ec2.call(
                 "create_volume",
                 AvailabilityZone=source["AvailabilityZone"],
                 SnapshotId=sid,
-                ClientToken=client_token(name),
-                TagSpecifications=tag_spec("volume", tags),
-                **args,
+                ClientToken=token,
+                TagSpecifications=tag_spec("volume", request.tags),
+                **request.args,
             )
+
+        try:
+            self._ec2.poll(f"snapshot {sid}", lambda: True if self._snapshot_ready(sid) else None)
+            return self._with_token(name, options, request, restore)
         finally:
             with contextlib.suppress(DriverError):
                 self._ec2.call("delete_snapshot", SnapshotId=sid)
-        return str(created["VolumeId"])
 
     def _snapshot_ready(self, sid: str) -> bool:
         return records.to_snapshot(self._ec2.describe_snapshot(sid), self._zone_key).ready
