@@ -14,7 +14,12 @@ from csi import failures
 from csi.backends import base
 from csi.backends.aws import AwsBackend
 from csi.backends.aws.ec2 import Backoff, Ec2
-from csi.backends.aws.errors import AWS_ERRORS, UnsupportedActionError, translate
+from csi.backends.aws.errors import (
+    AWS_ERRORS,
+    IdempotentParameterMismatchError,
+    UnsupportedActionError,
+    translate,
+)
 from csi.errors import status_for
 from tests.aws.conftest import inject_errors
 
@@ -34,7 +39,7 @@ def client_error(code: str) -> ClientError:
         ),
         pytest.param(
             "IdempotentParameterMismatch",
-            failures.AlreadyExistsError,
+            IdempotentParameterMismatchError,
             grpc.StatusCode.ALREADY_EXISTS,
             id="token-reuse",
         ),

@@ -59,7 +59,6 @@ def test_validate_accepts(given: dict[str, str], expected: dict[str, str]) -> No
         pytest.param({"type": "gp2", "iops": "3000"}, "iops", id="iops-on-gp2"),
         pytest.param({"type": "io2"}, "iops", id="io2-without-iops"),
         pytest.param({"iops": "lots"}, "iops", id="iops-not-a-number"),
-        pytest.param({"iops": "20000"}, "iops", id="iops-above-gp3-max"),
         pytest.param({"type": "gp2", "throughput": "200"}, "throughput", id="throughput-on-gp2"),
         pytest.param({"throughput": "5000"}, "throughput", id="throughput-above-max"),
         pytest.param({"encrypted": "yes"}, "encrypted", id="bad-bool"),

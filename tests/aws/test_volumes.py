@@ -62,7 +62,7 @@ def test_create_defaults_to_gp3_tags_and_both_zone_keys(backend: AwsBackend, ec2
         ),
         pytest.param(
             {"type": "gp3", "iops": "6000", "throughput": "500"},
-            10,
+            12,
             {"VolumeType": "gp3", "Iops": 6000, "Throughput": 500},
             id="gp3-throughput",
         ),
@@ -89,7 +89,7 @@ def test_user_tags_are_applied(backend: AwsBackend, ec2: Any) -> None:
 
 def test_mutable_parameters_override_class_parameters(backend: AwsBackend, ec2: Any) -> None:
     options = DiskOptions(
-        size_bytes=GiB,
+        size_bytes=10 * GiB,
         parameters=backend.validate_parameters({"type": "gp3", "iops": "3000"}),
         mutable_parameters=backend.validate_mutable_parameters({"iops": "5000"}),
     )

@@ -12,6 +12,12 @@ class UnsupportedActionError(failures.DriverError):
     """The endpoint does not implement this action (an older region, a partition, or an emulator)."""
 
 
+class IdempotentParameterMismatchError(failures.AlreadyExistsError):
+    """EC2 knows the client token from a call with other arguments: a volume made with it, live or
+    failed and gone (EC2 keeps a failed volume's token for hours). The create path tells the two apart;
+    anything else answers ALREADY_EXISTS."""
+
+
 # EC2 error code -> error class. Codes not listed become a plain DriverError (INTERNAL).
 AWS_ERRORS: dict[str, type[failures.DriverError]] = {
     # missing or malformed ids (a malformed id is "not found" by the Backend contract)
@@ -35,7 +41,7 @@ AWS_ERRORS: dict[str, type[failures.DriverError]] = {
     "InvalidNextToken": failures.InvalidTokenError,
     "InvalidPaginationToken": failures.InvalidTokenError,
     # idempotency: the client token was used before with other arguments
-    "IdempotentParameterMismatch": failures.AlreadyExistsError,
+    "IdempotentParameterMismatch": IdempotentParameterMismatchError,
     # state
     "VolumeInUse": failures.FailedPreconditionError,
     "IncorrectState": failures.FailedPreconditionError,

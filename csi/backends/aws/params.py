@@ -35,14 +35,28 @@ MUTABLE_KEYS = (TYPE, IOPS, THROUGHPUT)
 
 DEFAULT_TYPE = "gp3"
 
-# ---- tags the driver owns
+# ---- tags the driver owns: the one list of the keys it writes or reads, so that user tags
+# (tagSpecification_N) can be refused any of them (`reserved_tag`)
 TAG_VOLUME_NAME = "CSIVolumeName"
 TAG_SNAPSHOT_NAME = "CSIVolumeSnapshotName"
 TAG_DRIVER = "ebs.csi.aws.com/cluster"
+TAG_SOURCE_VOLUME = "CSISourceVolumeId"  # set on clones: CreateVolume idempotency compares it
 TAG_CREATED_FOR = (
     "kubernetes.io/created-for/"  # in-tree era tags: .../pvc/name, .../pvc/namespace, .../pv/name
 )
-RESERVED_TAGS = frozenset({TAG_VOLUME_NAME, TAG_SNAPSHOT_NAME, TAG_DRIVER})
+TAG_NAMESPACE = "ballast.dev/"  # every tag Ballast adds beyond the EBS driver's lives under it
+TAG_READONLY_PREFIX = TAG_NAMESPACE + "published-readonly/"  # + instance id: published read-only there
+TAG_CONTEXT_PREFIX = TAG_NAMESPACE + "volume-context/"  # one tag per generic volume_context entry
+# On snapshots: the zones (comma-separated) a CreateSnapshot with accessibility requirements was promised.
+TAG_ACCESSIBLE_ZONES = TAG_NAMESPACE + "accessible-zones"
+RESERVED_TAGS = frozenset({TAG_VOLUME_NAME, TAG_SNAPSHOT_NAME, TAG_DRIVER, TAG_SOURCE_VOLUME})
+RESERVED_TAG_PREFIXES = (TAG_CREATED_FOR, TAG_NAMESPACE)
+
+
+def reserved_tag(key: str) -> bool:
+    """True for a tag key a user may not set: AWS's own (`aws:`, any case) and every key or key prefix
+    the driver writes or reads."""
+    return key.lower().startswith("aws:") or key in RESERVED_TAGS or key.startswith(RESERVED_TAG_PREFIXES)
 
 
 @dataclass(frozen=True)
@@ -122,8 +136,8 @@ def _tag(key: str, value: str) -> tuple[str, str]:
     name = name.strip()
     if not sep or not name:
         raise InvalidParameterError(f"parameter {key}: expected key=value, got {value!r}")
-    if name.lower().startswith("aws:") or name in RESERVED_TAGS:
-        raise InvalidParameterError(f"parameter {key}: tag {name!r} is reserved")
+    if reserved_tag(name):
+        raise InvalidParameterError(f"parameter {key}: tag key {name!r} is reserved for the driver or AWS")
     return name, tag_value.strip()
 
 
@@ -177,6 +191,8 @@ def _canonical(parameters: Mapping[str, str]) -> dict[str, str]:
 
 
 def _check_iops(out: Mapping[str, str], kind: str) -> None:
+    """Whole numbers, on a type that takes them, not both; the range depends on the size and is applied
+    at creation (provisioned_iops)."""
     limits = VOLUME_TYPES[kind]
     if IOPS in out and IOPS_PER_GB in out:
         raise InvalidParameterError(f"parameters {IOPS} and {IOPS_PER_GB} are mutually exclusive")
@@ -185,10 +201,6 @@ def _check_iops(out: Mapping[str, str], kind: str) -> None:
             _int(key, out[key])
             if not limits.max_iops:
                 raise InvalidParameterError(f"parameter {key}: volume type {kind} has no provisioned IOPS")
-    if IOPS in out and not limits.min_iops <= int(out[IOPS]) <= limits.max_iops:
-        raise InvalidParameterError(
-            f"parameter {IOPS}: {kind} allows {limits.min_iops}..{limits.max_iops}, got {out[IOPS]}"
-        )
     if limits.iops_required and IOPS not in out and IOPS_PER_GB not in out:
         raise InvalidParameterError(f"volume type {kind} needs parameter {IOPS} or {IOPS_PER_GB}")
 
@@ -237,24 +249,48 @@ def check_size(kind: str, size_gib: int) -> None:
         )
 
 
+def max_iops(kind: str, size_gib: int) -> int:
+    """The most IOPS EBS provisions for a `kind` volume of `size_gib`: the type maximum, and at most its
+    IOPS-per-GiB ratio times the size, though never less than the type minimum (a 1 GiB gp3 has 3000)."""
+    limits = VOLUME_TYPES[kind]
+    return min(limits.max_iops, max(limits.min_iops, limits.max_iops_per_gib * size_gib))
+
+
 def provisioned_iops(params: Mapping[str, str], size_gib: int) -> int | None:
-    """IOPS to request for a volume of `size_gib`: explicit `iops`, or `iopsPerGB` x size capped at the
-    type maximum; below the type minimum it is raised only with allowAutoIOPSPerGBIncrease=true."""
+    """IOPS to request for a volume of `size_gib` (None: the type's default), as the EBS CSI driver
+    computes them: explicit `iops`, or `iopsPerGB` x size, capped at max_iops. Below the type minimum it is
+    raised to the minimum with allowAutoIOPSPerGBIncrease=true, else InvalidParameterError."""
     kind = params.get(TYPE, DEFAULT_TYPE)
     limits = VOLUME_TYPES[kind]
     if IOPS in params:
-        return int(params[IOPS])
-    if IOPS_PER_GB not in params:
+        requested, given = int(params[IOPS]), f"{IOPS}={params[IOPS]} is"
+    elif IOPS_PER_GB in params:
+        requested = int(params[IOPS_PER_GB]) * size_gib
+        given = f"{IOPS_PER_GB}={params[IOPS_PER_GB]} on {size_gib} GiB gives {requested} IOPS, which is"
+    else:
         return None
-    iops = min(int(params[IOPS_PER_GB]) * size_gib, limits.max_iops, limits.max_iops_per_gib * size_gib)
-    if iops < limits.min_iops:
+    if requested < limits.min_iops:
         if params.get(ALLOW_AUTO_IOPS) != "true":
             raise InvalidParameterError(
-                f"{IOPS_PER_GB}={params[IOPS_PER_GB]} on {size_gib} GiB gives {iops} IOPS, below the {kind} "
-                f"minimum {limits.min_iops}; set {ALLOW_AUTO_IOPS}=true to raise it automatically"
+                f"{given} below the {kind} minimum {limits.min_iops}; "
+                f"set {ALLOW_AUTO_IOPS}=true to raise it automatically"
             )
-        iops = limits.min_iops
-    return iops
+        return limits.min_iops
+    return min(requested, max_iops(kind, size_gib))
+
+
+def described(fields: Mapping[str, Any]) -> dict[str, object]:
+    """Size, type, IOPS and throughput (what ModifyVolume can change) as DescribeVolumes reports them,
+    from a volume record or from CreateVolume arguments: IOPS only for the types that provision them and
+    throughput only for gp3, each at the type's baseline (its minimum) when not given, as EC2 sets it."""
+    kind = str(fields.get("VolumeType", DEFAULT_TYPE))
+    limits = VOLUME_TYPES.get(kind)
+    out: dict[str, object] = {"Size": int(fields["Size"]), "VolumeType": kind}
+    if limits is not None and limits.max_iops:
+        out["Iops"] = int(fields.get("Iops") or limits.min_iops)
+    if limits is not None and limits.throughput is not None:
+        out["Throughput"] = int(fields.get("Throughput") or limits.throughput[0])
+    return out
 
 
 def create_arguments(params: Mapping[str, str], size_gib: int) -> dict[str, object]:

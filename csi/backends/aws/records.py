@@ -8,13 +8,15 @@ from typing import Any
 
 from csi import keys
 from csi.backends.aws import params as P
+
+# The driver's tag keys are defined once, in params (next to the check that keeps user tags off them);
+# these are re-exported for the modules that read them with the records.
+from csi.backends.aws.params import TAG_ACCESSIBLE_ZONES as TAG_ACCESSIBLE_ZONES
+from csi.backends.aws.params import TAG_CONTEXT_PREFIX as TAG_CONTEXT_PREFIX
+from csi.backends.aws.params import TAG_READONLY_PREFIX as TAG_READONLY_PREFIX
+from csi.backends.aws.params import TAG_SOURCE_VOLUME as TAG_SOURCE_VOLUME
 from csi.backends.base import Attachment, ContentSource, Disk, GiB, Snapshot, SourceKind
 
-TAG_SOURCE_VOLUME = "CSISourceVolumeId"  # set on clones: CreateVolume idempotency compares it
-TAG_READONLY_PREFIX = "ballast.dev/published-readonly/"  # + instance id: published read-only there
-TAG_CONTEXT_PREFIX = "ballast.dev/volume-context/"  # one tag per generic volume_context entry (fsType, ...)
-# On snapshots: the zones (comma-separated) a CreateSnapshot with accessibility requirements was promised.
-TAG_ACCESSIBLE_ZONES = "ballast.dev/accessible-zones"
 ATTACHED_STATES = ("attaching", "attached")
 
 

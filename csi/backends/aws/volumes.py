@@ -1,9 +1,10 @@
 """Creating EBS volumes: from nothing, from a snapshot, or as a clone, idempotent by name.
 
-A volume is found again by its `CSIVolumeName` tag (looked up under a per-name lock), and CreateVolume
-carries a client token derived from the name, so neither a retry nor a concurrent duplicate creates a
-second volume. Clones stay in their source's zone: CopyVolumes where the endpoint has it, else a
-temporary snapshot restored into the new volume.
+A volume is found again by its `CSIVolumeName` tag (looked up under a per-name lock) and answers only a
+request with the arguments it was made with; CreateVolume carries a client token derived from the name,
+so neither a retry nor a concurrent duplicate creates a second volume, and a token EC2 has burned gives
+way to the next one derived from the name. Clones stay in their source's zone: CopyVolumes where the
+endpoint has it, else a temporary snapshot restored into the new volume.
 """
 
 from __future__ import annotations
@@ -11,16 +12,16 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
 
 from csi.backends.aws import params as P
 from csi.backends.aws import records
 from csi.backends.aws.batching import grouped
 from csi.backends.aws.clones import ScratchSnapshots
 from csi.backends.aws.ec2 import Ec2
-from csi.backends.aws.errors import UnsupportedActionError
-from csi.backends.aws.records import TAG_CONTEXT_PREFIX, TAG_SOURCE_VOLUME, tag_spec
+from csi.backends.aws.errors import IdempotentParameterMismatchError, UnsupportedActionError
+from csi.backends.aws.records import tag_spec
 from csi.backends.aws.zones import Zones
 from csi.backends.base import ContentSource, Disk, DiskOptions, GiB, SourceKind
 from csi.failures import (
@@ -37,11 +38,14 @@ from shim import failpoints
 
 log = logging.getLogger("ballast.aws")
 LIVE_VOLUME_STATES = ["creating", "available", "in-use", "error"]
+MAX_CLIENT_TOKENS = 8  # burned client tokens of one name passed over in one call, then UNAVAILABLE
+Send = Callable[[str], Mapping[str, Any]]  # issues one create call with this client token
 
 
 def client_token(name: str, attempt: int = 0) -> str:
-    """CreateVolume ClientToken for a volume name (64 hex chars, EC2's limit). `attempt` > 0 derives a
-    fresh token when EC2 answers an old one with a volume that has since been deleted."""
+    """CreateVolume ClientToken for a volume name (64 hex chars, EC2's limit). `attempt` > 0 derives the
+    next token once EC2 has burned the previous ones (VolumeCreator._with_token). The NUL separator
+    keeps every name's tokens apart (no CSI name holds one)."""
     seed = name if attempt == 0 else f"{name}\x00{attempt}"
     return hashlib.sha256(seed.encode()).hexdigest()
 
@@ -56,6 +60,56 @@ def create_parameters(options: DiskOptions) -> dict[str, str]:
     return params
 
 
+class Request(NamedTuple):
+    """What CreateVolume sends for one request: its arguments (besides zone, token, tags and source),
+    every tag, and of those the user's (tagSpecification_N, PVC/PV metadata)."""
+
+    args: dict[str, object]
+    tags: dict[str, str]
+    user_tags: dict[str, str]
+
+
+MODIFIABLE_LABELS = {
+    "Size": "size {} GiB",
+    "VolumeType": "type {}",
+    "Iops": "iops {}",
+    "Throughput": "throughput {} MiB/s",
+}
+
+
+def same_kms_key(requested: str, described: str) -> bool:
+    """Whether the `kmsKeyId` parameter names the key EC2 describes (always as a key ARN): the same ARN
+    or key id. An alias cannot be resolved without KMS, so it is taken to match."""
+    if "alias/" in requested:
+        return True
+    return described.rsplit("/", 1)[-1] == requested.rsplit("/", 1)[-1]
+
+
+def fixed_differences(
+    volume: Mapping[str, Any], args: Mapping[str, object], user_tags: Mapping[str, str]
+) -> list[str]:
+    """What CreateVolume set that no modification changes and that differs from `args`: encryption and
+    its key, Multi-Attach, and the user's tags (each must be on the volume; tags added since are not
+    held against it). An encrypted volume answers a request that did not ask for encryption: EC2
+    encrypts every volume where the account encrypts by default, and restores of encrypted snapshots."""
+    problems = []
+    if args.get("Encrypted") and not volume.get("Encrypted"):
+        problems.append("encryption (not encrypted)")
+    key = str(args.get("KmsKeyId") or "")
+    if key and not same_kms_key(key, str(volume.get("KmsKeyId") or "")):
+        problems.append(f"KMS key {volume.get('KmsKeyId') or 'none'}")
+    multi_attach = bool(volume.get("MultiAttachEnabled"))
+    if bool(args.get("MultiAttachEnabled")) != multi_attach:
+        problems.append(f"Multi-Attach ({'enabled' if multi_attach else 'disabled'})")
+    have = records.tags(volume)
+    problems += [
+        f"tag {k}={have[k]}" if k in have else f"tags (no {k})"
+        for k, v in user_tags.items()
+        if have.get(k) != v
+    ]
+    return problems
+
+
 class VolumeCreator:
     """The CreateVolume path of the aws backend."""
 
@@ -67,14 +121,39 @@ class VolumeCreator:
         self._copy_volumes = True  # False once the endpoint answered that it lacks CopyVolumes
 
     def create(self, name: str, options: DiskOptions) -> Disk:
-        """Idempotent by name: the existing volume when compatible, else AlreadyExistsError."""
+        """Idempotent by name: the existing volume when made with these arguments (_check_compatible),
+        else AlreadyExistsError."""
         params = create_parameters(options)
+        request = self._request(name, options, params)
         with self._locks.hold(name):
             existing = self._find_by_name(name)
             if existing is not None:
-                self._check_compatible(existing, name, options, params)
-                return self._disk(self.wait_available(existing["VolumeId"]))
-            return self._create(name, options, params)
+                return self._existing(existing, name, options, request)
+            return self._create(name, options, request)
+
+    def _request(self, name: str, options: DiskOptions, params: Mapping[str, str]) -> Request:
+        """The CreateVolume arguments and tags for `options`; multi-node access on a type without
+        Multi-Attach -> InvalidParameterError."""
+        args = P.create_arguments(params, P.gib(options.size_bytes))
+        if options.multi_node:
+            if params[P.TYPE] not in P.MULTI_ATTACH_TYPES:
+                raise InvalidParameterError(
+                    f"multi-node access needs EBS Multi-Attach: type io2 (or io1), not {params[P.TYPE]}"
+                )
+            args["MultiAttachEnabled"] = True
+        user_tags = P.user_tags(params)
+        tags = {
+            P.TAG_VOLUME_NAME: name,
+            P.TAG_DRIVER: "true",
+            **user_tags,
+            **{P.TAG_CONTEXT_PREFIX + k: v for k, v in options.context.items()},
+        }
+        return Request(args, tags, user_tags)
+
+    def _existing(self, volume: Mapping[str, Any], name: str, options: DiskOptions, request: Request) -> Disk:
+        """The named volume, once available, if it answers this request; else AlreadyExistsError."""
+        self._check_compatible(volume, name, options, request)
+        return self._disk(self.wait_available(volume["VolumeId"]))
 
     def _disk(self, volume: Mapping[str, Any]) -> Disk:
         return records.to_disk(volume, self._zone_key)
@@ -98,14 +177,14 @@ class VolumeCreator:
         return min(volumes, key=lambda v: (v.get("CreateTime") or 0, v["VolumeId"]))
 
     def _check_compatible(
-        self, volume: Mapping[str, Any], name: str, options: DiskOptions, params: Mapping[str, str]
+        self, volume: Mapping[str, Any], name: str, options: DiskOptions, request: Request
     ) -> None:
+        """AlreadyExistsError naming every difference between the volume and what this request would
+        create: its zone (outside the requisite topology), source and volume context, its size, type,
+        IOPS and throughput (_modifiable_differences), and its encryption, Multi-Attach and user tags
+        (fixed_differences)."""
         disk = self._disk(volume)
         problems = []
-        if disk.size_bytes != P.gib(options.size_bytes) * GiB:
-            problems.append(f"size {disk.size_bytes} bytes")
-        if volume.get("VolumeType") != params.get(P.TYPE, P.DEFAULT_TYPE):
-            problems.append(f"type {volume.get('VolumeType')}")
         wanted = options.source
         if wanted is not None and wanted.kind is SourceKind.VOLUME:
             wanted = ContentSource(SourceKind.VOLUME, P.volume_id(wanted.id))
@@ -116,30 +195,43 @@ class VolumeCreator:
             problems.append(f"zone {volume['AvailabilityZone']}")
         if dict(options.context) != dict(disk.volume_context):
             problems.append(f"volume context {dict(disk.volume_context)}")
+        problems += self._modifiable_differences(volume, request.args)
+        problems += fixed_differences(volume, request.args, request.user_tags)
         if problems:
             raise AlreadyExistsError(
                 f"volume {name!r} already exists as {volume['VolumeId']} with different {', '.join(problems)}"
             )
 
-    def _create(self, name: str, options: DiskOptions, params: dict[str, str]) -> Disk:
-        size_gib = P.gib(options.size_bytes)
-        args = P.create_arguments(params, size_gib)
-        if options.multi_node:
-            if params[P.TYPE] not in P.MULTI_ATTACH_TYPES:
-                raise InvalidParameterError(
-                    f"multi-node access needs EBS Multi-Attach: type io2 (or io1), not {params[P.TYPE]}"
-                )
-            args["MultiAttachEnabled"] = True
-        tags = {
-            P.TAG_VOLUME_NAME: name,
-            P.TAG_DRIVER: "true",
-            **P.user_tags(params),
-            **{TAG_CONTEXT_PREFIX + k: v for k, v in options.context.items()},
-        }
+    def _modifiable_differences(self, volume: Mapping[str, Any], args: Mapping[str, object]) -> list[str]:
+        """Size, type, IOPS and throughput that differ from `args`. Once EC2 reports a modification of
+        the volume (ControllerExpandVolume/ModifyVolume), these no longer say what it was created
+        with, and EC2 describes only the latest modification, so the creation values cannot be
+        recovered: then only a size above the current one differs (EBS volumes only grow). A replay
+        of the original request is so answered with the volume, as the EBS CSI driver answers it
+        (EC2 matches its client token against the creation request)."""
+        have, want = P.described(volume), P.described(args)
+        changed = [key for key in want if want[key] != have.get(key)]
+        if changed and self._modified(volume["VolumeId"]):
+            larger = int(str(args["Size"])) > int(volume["Size"])
+            changed = [key for key in changed if key == "Size" and larger]
+        return [MODIFIABLE_LABELS[key].format(have.get(key, "none")) for key in changed]
+
+    def _modified(self, vid: str) -> bool:
+        """Whether EC2 reports a modification of the volume. A filter, not VolumeIds: EC2 answers the id
+        of a volume never modified with an error."""
+        filters = [{"Name": "volume-id", "Values": [vid]}]
+        return bool(
+            self._ec2.call("describe_volumes_modifications", Filters=filters).get("VolumesModifications")
+        )
+
+    def _create(self, name: str, options: DiskOptions, request: Request) -> Disk:
+        """A new volume: empty, restored from a snapshot (within the zones it was promised for) or a
+        clone of a volume."""
         source = options.source
         if source is not None and source.kind is SourceKind.VOLUME:
-            return self._clone(name, P.volume_id(source.id), options, args, tags)
+            return self._clone(name, P.volume_id(source.id), options, request)
         if source is not None:
+            size_gib = P.gib(options.size_bytes)
             raw = self._ec2.describe_snapshot(P.snapshot_id(source.id))
             snap = records.to_snapshot(raw, self._zone_key)
             if snap.size_bytes > size_gib * GiB:
@@ -147,9 +239,9 @@ class VolumeCreator:
                     f"snapshot {snap.id} holds {snap.size_bytes} bytes, "
                     f"more than the requested {size_gib} GiB"
                 )
-            args["SnapshotId"] = snap.id
+            request = request._replace(args={**request.args, "SnapshotId": snap.id})
             options = self._within(options, snap.id, records.accessible_zones(raw))
-        return self._create_in(self._zones.pick(options), name, args, tags)
+        return self._create_in(self._zones.pick(options), name, options, request)
 
     def _within(self, options: DiskOptions, snapshot_id: str, zones: list[str]) -> DiskOptions:
         """A restore stays in the zones its snapshot was promised for (none promised: anywhere); a
@@ -167,31 +259,50 @@ class VolumeCreator:
             preferred=[s for s in options.preferred if self._zones.zone_of(s) in zones],
         )
 
-    def _create_in(self, zone: str, name: str, args: dict[str, object], tags: dict[str, str]) -> Disk:
-        """CreateVolume with the name's client token; a token EC2 answers with a deleted volume is
-        burned, so the next attempt derives a fresh one."""
-        for attempt in range(3):
+    def _create_in(self, zone: str, name: str, options: DiskOptions, request: Request) -> Disk:
+        """CreateVolume in `zone`, waited for until available (_with_token)."""
+
+        def send(token: str) -> Mapping[str, Any]:
             created = self._ec2.call(
                 "create_volume",
                 AvailabilityZone=zone,
-                ClientToken=client_token(name, attempt),
-                TagSpecifications=tag_spec("volume", tags),
-                **args,
+                ClientToken=token,
+                TagSpecifications=tag_spec("volume", request.tags),
+                **request.args,
             )
             failpoints.hit("aws.create.requested")
+            return created
+
+        volume = self._with_token(name, options, request, send)
+        failpoints.hit("aws.create.available")
+        return self._disk(volume)
+
+    def _with_token(self, name: str, options: DiskOptions, request: Request, send: Send) -> dict[str, Any]:
+        """The available volume `send` creates with the name's client token, the EBS CSI driver's way:
+        EC2 burns a token whose volume failed (answering it with the deleted volume, or with
+        IdempotentParameterMismatch for hours), so a burned token moves on to the next one
+        (client_token(name, 1), 2, ...). A mismatch is a burned token only when no live volume has
+        the name; when one does, that volume answers as it would have to the name lookup
+        (_check_compatible: AlreadyExistsError if made with other arguments)."""
+        for attempt in range(MAX_CLIENT_TOKENS):
+            try:
+                created = send(client_token(name, attempt))
+            except IdempotentParameterMismatchError:
+                existing = self._find_by_name(name)
+                if existing is not None:
+                    self._check_compatible(existing, name, options, request)
+                    return self.wait_available(existing["VolumeId"])
+                log.info("client token %d of %r is burned (EC2 knows it with other arguments)", attempt, name)
+                continue
             if created.get("State") not in ("deleting", "deleted"):
                 with contextlib.suppress(NotFoundError):  # gone at once: the token was burned
-                    disk = self._disk(self.wait_available(created["VolumeId"]))
-                    failpoints.hit("aws.create.available")
-                    return disk
+                    return self.wait_available(created["VolumeId"])
             log.info(
-                "client token of %r answered with deleted volume %s; new token", name, created["VolumeId"]
+                "client token %d of %r answered with deleted volume %s", attempt, name, created["VolumeId"]
             )
-        raise TransientError(f"EC2 keeps returning deleted volumes for {name!r}; retry later")
+        raise TransientError(f"EC2 has burned {MAX_CLIENT_TOKENS} client tokens of {name!r}; retry later")
 
-    def _clone(
-        self, name: str, source_id: str, options: DiskOptions, args: dict[str, object], tags: dict[str, str]
-    ) -> Disk:
+    def _clone(self, name: str, source_id: str, options: DiskOptions, request: Request) -> Disk:
         """Clones stay in the source's zone: CopyVolumes, else snapshot + restore."""
         source = self._ec2.describe_volume(source_id)
         allowed = self._zones.requisite(options)
@@ -200,46 +311,56 @@ class VolumeCreator:
                 f"a clone of {source_id} must be in its zone {source['AvailabilityZone']}, "
                 f"which the requested topology excludes"
             )
-        if int(source["Size"]) > int(str(args["Size"])):
+        if int(source["Size"]) > int(str(request.args["Size"])):
             raise OutOfRangeError(
-                f"volume {source_id} is {source['Size']} GiB, larger than the requested {args['Size']} GiB"
+                f"volume {source_id} is {source['Size']} GiB, "
+                f"larger than the requested {request.args['Size']} GiB"
             )
-        tags = {**tags, TAG_SOURCE_VOLUME: source_id}
-        vid = ""
+        request = request._replace(tags={**request.tags, P.TAG_SOURCE_VOLUME: source_id})
         if self._copy_volumes:
-            try:
+
+            def copy(token: str) -> Mapping[str, Any]:
                 copied = self._ec2.call(
                     "copy_volumes",
                     SourceVolumeId=source_id,
-                    ClientToken=client_token(name),
-                    TagSpecifications=tag_spec("volume", tags),
-                    **args,
+                    ClientToken=token,
+                    TagSpecifications=tag_spec("volume", request.tags),
+                    **request.args,
                 )
-                vid = copied["Volumes"][0]["VolumeId"]
+                volume: Mapping[str, Any] = copied["Volumes"][0]
+                return volume
+
+            try:
+                return self._disk(self._with_token(name, options, request, copy))
             except UnsupportedActionError as exc:
                 log.warning("CopyVolumes unavailable at this endpoint (%s); cloning via snapshots", exc)
                 self._copy_volumes = False
-        if not vid:
-            vid = self._clone_via_snapshot(name, source, args, tags)
-        return self._disk(self.wait_available(vid))
+        return self._disk(self._clone_via_snapshot(name, source, options, request))
 
     def _clone_via_snapshot(
-        self, name: str, source: Mapping[str, Any], args: dict[str, object], tags: dict[str, str]
-    ) -> str:
-        """A scratch snapshot of the source restored into the clone, then deleted (clones.py)."""
+        self, name: str, source: Mapping[str, Any], options: DiskOptions, request: Request
+    ) -> dict[str, Any]:
+        """A scratch snapshot of the source restored into the clone with the name's client tokens
+        (_with_token), then deleted (clones.py)."""
+        restored: dict[str, Any] = {}
 
         def restore(sid: str) -> str:
-            created = self._ec2.call(
-                "create_volume",
-                AvailabilityZone=source["AvailabilityZone"],
-                SnapshotId=sid,
-                ClientToken=client_token(name),
-                TagSpecifications=tag_spec("volume", tags),
-                **args,
-            )
-            return str(created["VolumeId"])
+            def send(token: str) -> Mapping[str, Any]:
+                created: Mapping[str, Any] = self._ec2.call(
+                    "create_volume",
+                    AvailabilityZone=source["AvailabilityZone"],
+                    SnapshotId=sid,
+                    ClientToken=token,
+                    TagSpecifications=tag_spec("volume", request.tags),
+                    **request.args,
+                )
+                return created
 
-        return ScratchSnapshots(self._ec2).clone(name, source["VolumeId"], restore)
+            restored.update(self._with_token(name, options, request, send))
+            return str(restored["VolumeId"])
+
+        ScratchSnapshots(self._ec2).clone(name, source["VolumeId"], restore)
+        return restored
 
     def wait_available(self, vid: str) -> dict[str, Any]:
         """The volume's record once EC2 reports it available (or in use). A volume EC2 failed to create

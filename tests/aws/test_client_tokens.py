@@ -1,0 +1,119 @@
+"""Burned client tokens, through the moto proxy's injected EC2 errors. EC2 keeps the token of a volume
+that failed to create for hours and answers it with IdempotentParameterMismatch; like the EBS CSI
+driver, CreateVolume then moves on to the next token derived from the name, unless a live volume has
+the name: that volume answers (ALREADY_EXISTS when made with other arguments)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import grpc
+import pytest
+
+from csi.backends.aws import AwsBackend
+from csi.backends.aws.volumes import MAX_CLIENT_TOKENS, client_token
+from csi.backends.base import ContentSource, DiskOptions, SourceKind
+from csi.errors import status_for
+from csi.failures import AlreadyExistsError, TransientError
+from tests.aws.conftest import inject_responses, record_calls
+from tests.aws.test_volumes import opts
+from tests.motoproxy import MotoProxy, running_proxy
+from tests.motoserver import make_client
+
+MISMATCH = "IdempotentParameterMismatch"
+
+
+@pytest.fixture
+def proxy(moto_endpoint: str) -> Iterator[MotoProxy]:
+    with running_proxy(moto_endpoint) as served:
+        yield served
+
+
+@pytest.fixture
+def proxied(make_backend: Callable[..., AwsBackend], proxy: MotoProxy, account: str) -> AwsBackend:
+    """A backend whose EC2 calls go through the proxy."""
+    return make_backend(client=make_client(proxy.endpoint, account))
+
+
+def named(ec2: Any, name: str) -> list[str]:
+    found = ec2.describe_volumes(Filters=[{"Name": "tag:CSIVolumeName", "Values": [name]}])["Volumes"]
+    return [v["VolumeId"] for v in found]
+
+
+def tokens_of(calls: list[dict[str, Any]]) -> list[str]:
+    return [c["ClientToken"] for c in calls]
+
+
+def empty(backend: AwsBackend) -> DiskOptions:
+    return opts(backend, 2)
+
+
+def restored(backend: AwsBackend) -> DiskOptions:
+    source = backend.create_volume("pvc-source", opts(backend, 2))
+    snap = backend.create_snapshot("snap-source", source.id, {})
+    return opts(backend, 2, source=ContentSource(SourceKind.SNAPSHOT, snap.id))
+
+
+def cloned(backend: AwsBackend) -> DiskOptions:
+    source = backend.create_volume("pvc-source", opts(backend, 2))
+    return opts(backend, 2, source=ContentSource(SourceKind.VOLUME, source.id))
+
+
+@pytest.mark.parametrize("burned", [1, 3], ids=["one-burned", "three-burned"])
+@pytest.mark.parametrize("make_options", [empty, restored, cloned], ids=["empty", "restore", "clone"])
+def test_a_burned_token_without_a_live_volume_moves_on_to_the_next(
+    proxied: AwsBackend,
+    proxy: MotoProxy,
+    ec2: Any,
+    make_options: Callable[[AwsBackend], DiskOptions],
+    burned: int,
+) -> None:
+    options = make_options(proxied)
+    calls = record_calls(proxied.ec2.client, "CreateVolume")
+    proxy.fail("CreateVolume", MISMATCH, times=burned)
+    disk = proxied.create_volume("pvc-burned", options)
+    assert tokens_of(calls) == [client_token("pvc-burned", n) for n in range(burned + 1)]
+    assert named(ec2, "pvc-burned") == [disk.id]
+
+
+@pytest.mark.parametrize(
+    ("theirs", "problem"),
+    [
+        pytest.param({}, None, id="same-arguments-answer"),
+        pytest.param({"parameters": {"type": "gp2"}}, "type gp2", id="other-arguments-already-exist"),
+        pytest.param({"parameters": {"iops": "4000"}}, "iops 4000", id="other-iops-already-exist"),
+    ],
+)
+def test_a_mismatch_while_a_live_volume_has_the_name_is_answered_by_that_volume(
+    make_backend: Callable[..., AwsBackend],
+    proxied: AwsBackend,
+    proxy: MotoProxy,
+    ec2: Any,
+    theirs: dict[str, Any],
+    problem: str | None,
+) -> None:
+    """Another controller made the volume after this one's name lookup (answered empty here) and before
+    its CreateVolume, which EC2 refuses: the token is not burned, and no second volume is made."""
+    other = make_backend().create_volume("pvc-race", opts(proxied, 10, **theirs))
+    calls = record_calls(proxied.ec2.client, "CreateVolume")
+    inject_responses(proxied.ec2.client, "DescribeVolumes", [{"Volumes": []}])
+    proxy.fail("CreateVolume", MISMATCH, times=1)
+    if problem is None:
+        assert proxied.create_volume("pvc-race", opts(proxied, 10)).id == other.id
+    else:
+        with pytest.raises(AlreadyExistsError, match=f"{other.id} with different {problem}"):
+            proxied.create_volume("pvc-race", opts(proxied, 10))
+    assert tokens_of(calls) == [client_token("pvc-race")]
+    assert named(ec2, "pvc-race") == [other.id]
+
+
+def test_when_every_token_is_burned_the_answer_is_unavailable(
+    proxied: AwsBackend, proxy: MotoProxy, ec2: Any
+) -> None:
+    proxy.fail("CreateVolume", MISMATCH, times=MAX_CLIENT_TOKENS)
+    with pytest.raises(TransientError, match="burned") as raised:
+        proxied.create_volume("pvc-stuck", opts(proxied, 2))
+    assert status_for(raised.value)[0] is grpc.StatusCode.UNAVAILABLE
+    assert named(ec2, "pvc-stuck") == []
+    assert proxied.create_volume("pvc-stuck", opts(proxied, 2)).name == "pvc-stuck"

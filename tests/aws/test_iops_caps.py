@@ -1,0 +1,62 @@
+"""Requested IOPS are capped like the EBS CSI driver caps them (docs/aws.md, StorageClass parameters):
+explicit `iops` as well as `iopsPerGB` x size, at the type maximum and at the type's IOPS-per-GiB ratio
+x size (never below the type minimum); below the minimum only with allowAutoIOPSPerGBIncrease. Checked
+on what reaches moto's EC2."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+import pytest
+
+from csi.backends.aws import AwsBackend
+from csi.backends.base import DiskOptions, GiB
+from csi.errors import status_for
+from csi.failures import InvalidParameterError
+
+
+def create(backend: AwsBackend, size_gib: int, parameters: dict[str, str]) -> str:
+    options = DiskOptions(size_bytes=size_gib * GiB, parameters=backend.validate_parameters(parameters))
+    return backend.create_volume("pvc-iops", options).id
+
+
+@pytest.mark.parametrize(
+    ("parameters", "size_gib", "iops"),
+    [
+        pytest.param({"type": "io1", "iops": "20000"}, 10, 500, id="io1-explicit-at-50-per-gib"),
+        pytest.param({"type": "io1", "iops": "100000"}, 2000, 64000, id="io1-explicit-at-type-max"),
+        pytest.param({"type": "io2", "iops": "300000"}, 4, 4000, id="io2-explicit-at-1000-per-gib"),
+        pytest.param({"type": "gp3", "iops": "20000"}, 100, 16000, id="gp3-explicit-at-type-max"),
+        pytest.param({"type": "gp3", "iops": "6000"}, 10, 5000, id="gp3-explicit-at-500-per-gib"),
+        pytest.param({"type": "gp3", "iops": "4000"}, 1, 3000, id="gp3-small-capped-at-the-minimum"),
+        pytest.param({"type": "gp3", "iopsPerGB": "1000"}, 4, 3000, id="gp3-per-gb-capped-at-the-minimum"),
+        pytest.param(
+            {"type": "io2", "iops": "50", "allowAutoIOPSPerGBIncrease": "true"},
+            10,
+            100,
+            id="explicit-raised-to-the-minimum",
+        ),
+    ],
+)
+def test_requested_iops_are_capped_for_the_type_and_size(
+    backend: AwsBackend, ec2: Any, parameters: dict[str, str], size_gib: int, iops: int
+) -> None:
+    volume_id = create(backend, size_gib, parameters)
+    assert ec2.describe_volumes(VolumeIds=[volume_id])["Volumes"][0]["Iops"] == iops
+
+
+@pytest.mark.parametrize(
+    ("parameters", "size_gib"),
+    [
+        pytest.param({"type": "io1", "iops": "50"}, 10, id="io1-explicit"),
+        pytest.param({"type": "gp3", "iops": "2000"}, 10, id="gp3-explicit"),
+    ],
+)
+def test_iops_below_the_minimum_without_auto_increase_are_invalid(
+    backend: AwsBackend, ec2: Any, parameters: dict[str, str], size_gib: int
+) -> None:
+    with pytest.raises(InvalidParameterError, match="allowAutoIOPSPerGBIncrease") as raised:
+        create(backend, size_gib, parameters)
+    assert status_for(raised.value)[0] is grpc.StatusCode.INVALID_ARGUMENT
+    assert ec2.describe_volumes()["Volumes"] == []
