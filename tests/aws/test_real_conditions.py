@@ -11,7 +11,7 @@ CreateVolume for one name end with one EC2 volume.
 from __future__ import annotations
 
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,18 +44,6 @@ CAP = csi_pb2.VolumeCapability(
         mode=csi_pb2.VolumeCapability.AccessMode.SINGLE_NODE_WRITER
     ),
 )
-
-
-@pytest.fixture
-def proxy(moto_endpoint: str) -> Iterator[MotoProxy]:
-    with running_proxy(moto_endpoint, seed=7) as served:
-        yield served
-
-
-@pytest.fixture
-def slow(make_backend: Callable[..., AwsBackend], proxy: MotoProxy, account: str) -> AwsBackend:
-    """The backend talking to EC2 through the proxy."""
-    return make_backend(client=make_client(proxy.endpoint, account))
 
 
 def opts(size_gib: int = 1) -> base.DiskOptions:
