@@ -5,7 +5,7 @@ the name: that volume answers (ALREADY_EXISTS when made with other arguments).""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -18,22 +18,9 @@ from csi.errors import status_for
 from csi.failures import AlreadyExistsError, TransientError
 from tests.aws.conftest import inject_responses, record_calls
 from tests.aws.test_volumes import opts
-from tests.motoproxy import MotoProxy, running_proxy
-from tests.motoserver import make_client
+from tests.motoproxy import MotoProxy
 
 MISMATCH = "IdempotentParameterMismatch"
-
-
-@pytest.fixture
-def proxy(moto_endpoint: str) -> Iterator[MotoProxy]:
-    with running_proxy(moto_endpoint) as served:
-        yield served
-
-
-@pytest.fixture
-def proxied(make_backend: Callable[..., AwsBackend], proxy: MotoProxy, account: str) -> AwsBackend:
-    """A backend whose EC2 calls go through the proxy."""
-    return make_backend(client=make_client(proxy.endpoint, account))
 
 
 def named(ec2: Any, name: str) -> list[str]:
@@ -63,16 +50,16 @@ def cloned(backend: AwsBackend) -> DiskOptions:
 @pytest.mark.parametrize("burned", [1, 3], ids=["one-burned", "three-burned"])
 @pytest.mark.parametrize("make_options", [empty, restored, cloned], ids=["empty", "restore", "clone"])
 def test_a_burned_token_without_a_live_volume_moves_on_to_the_next(
-    proxied: AwsBackend,
+    slow: AwsBackend,
     proxy: MotoProxy,
     ec2: Any,
     make_options: Callable[[AwsBackend], DiskOptions],
     burned: int,
 ) -> None:
-    options = make_options(proxied)
-    calls = record_calls(proxied.ec2.client, "CreateVolume")
+    options = make_options(slow)
+    calls = record_calls(slow.ec2.client, "CreateVolume")
     proxy.fail("CreateVolume", MISMATCH, times=burned)
-    disk = proxied.create_volume("pvc-burned", options)
+    disk = slow.create_volume("pvc-burned", options)
     assert tokens_of(calls) == [client_token("pvc-burned", n) for n in range(burned + 1)]
     assert named(ec2, "pvc-burned") == [disk.id]
 
@@ -87,7 +74,7 @@ def test_a_burned_token_without_a_live_volume_moves_on_to_the_next(
 )
 def test_a_mismatch_while_a_live_volume_has_the_name_is_answered_by_that_volume(
     make_backend: Callable[..., AwsBackend],
-    proxied: AwsBackend,
+    slow: AwsBackend,
     proxy: MotoProxy,
     ec2: Any,
     theirs: dict[str, Any],
@@ -95,25 +82,25 @@ def test_a_mismatch_while_a_live_volume_has_the_name_is_answered_by_that_volume(
 ) -> None:
     """Another controller made the volume after this one's name lookup (answered empty here) and before
     its CreateVolume, which EC2 refuses: the token is not burned, and no second volume is made."""
-    other = make_backend().create_volume("pvc-race", opts(proxied, 10, **theirs))
-    calls = record_calls(proxied.ec2.client, "CreateVolume")
-    inject_responses(proxied.ec2.client, "DescribeVolumes", [{"Volumes": []}])
+    other = make_backend().create_volume("pvc-race", opts(slow, 10, **theirs))
+    calls = record_calls(slow.ec2.client, "CreateVolume")
+    inject_responses(slow.ec2.client, "DescribeVolumes", [{"Volumes": []}])
     proxy.fail("CreateVolume", MISMATCH, times=1)
     if problem is None:
-        assert proxied.create_volume("pvc-race", opts(proxied, 10)).id == other.id
+        assert slow.create_volume("pvc-race", opts(slow, 10)).id == other.id
     else:
         with pytest.raises(AlreadyExistsError, match=f"{other.id} with different {problem}"):
-            proxied.create_volume("pvc-race", opts(proxied, 10))
+            slow.create_volume("pvc-race", opts(slow, 10))
     assert tokens_of(calls) == [client_token("pvc-race")]
     assert named(ec2, "pvc-race") == [other.id]
 
 
 def test_when_every_token_is_burned_the_answer_is_unavailable(
-    proxied: AwsBackend, proxy: MotoProxy, ec2: Any
+    slow: AwsBackend, proxy: MotoProxy, ec2: Any
 ) -> None:
     proxy.fail("CreateVolume", MISMATCH, times=MAX_CLIENT_TOKENS)
     with pytest.raises(TransientError, match="burned") as raised:
-        proxied.create_volume("pvc-stuck", opts(proxied, 2))
+        slow.create_volume("pvc-stuck", opts(slow, 2))
     assert status_for(raised.value)[0] is grpc.StatusCode.UNAVAILABLE
     assert named(ec2, "pvc-stuck") == []
-    assert proxied.create_volume("pvc-stuck", opts(proxied, 2)).name == "pvc-stuck"
+    assert slow.create_volume("pvc-stuck", opts(slow, 2)).name == "pvc-stuck"

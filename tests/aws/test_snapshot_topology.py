@@ -10,7 +10,8 @@ import pytest
 
 from csi import keys
 from csi.backends.aws import AwsBackend
-from csi.backends.aws.records import TAG_ACCESSIBLE_ZONES, tags
+from csi.backends.aws.params import TAG_ACCESSIBLE_ZONES
+from csi.backends.aws.records import tags
 from csi.backends.base import ContentSource, DiskOptions, GiB, SourceKind
 from csi.failures import OutOfCapacityError
 from tests.aws.conftest import OTHER_ZONE

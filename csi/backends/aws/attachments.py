@@ -25,7 +25,8 @@ from csi.backends.aws.devices import DeviceNames
 from csi.backends.aws.ec2 import Ec2
 from csi.backends.aws.errors import error_code
 from csi.backends.aws.metadata import attach_limit
-from csi.backends.aws.records import ATTACHED_STATES, TAG_READONLY_PREFIX, tags
+from csi.backends.aws.params import TAG_READONLY_PREFIX
+from csi.backends.aws.records import ATTACHED_STATES, tags
 from csi.backends.aws.slots import NodeSlots
 from csi.failures import (
     AlreadyExistsError,

@@ -8,13 +8,6 @@ from typing import Any
 
 from csi import keys
 from csi.backends.aws import params as P
-
-# The driver's tag keys are defined once, in params (next to the check that keeps user tags off them);
-# these are re-exported for the modules that read them with the records.
-from csi.backends.aws.params import TAG_ACCESSIBLE_ZONES as TAG_ACCESSIBLE_ZONES
-from csi.backends.aws.params import TAG_CONTEXT_PREFIX as TAG_CONTEXT_PREFIX
-from csi.backends.aws.params import TAG_READONLY_PREFIX as TAG_READONLY_PREFIX
-from csi.backends.aws.params import TAG_SOURCE_VOLUME as TAG_SOURCE_VOLUME
 from csi.backends.base import Attachment, ContentSource, Disk, GiB, Snapshot, SourceKind
 
 ATTACHED_STATES = ("attaching", "attached")
@@ -47,8 +40,8 @@ def _parameters(volume: Mapping[str, Any]) -> dict[str, str]:
 
 
 def _source(volume: Mapping[str, Any], volume_tags: Mapping[str, str]) -> ContentSource | None:
-    if volume_tags.get(TAG_SOURCE_VOLUME):
-        return ContentSource(SourceKind.VOLUME, volume_tags[TAG_SOURCE_VOLUME])
+    if volume_tags.get(P.TAG_SOURCE_VOLUME):
+        return ContentSource(SourceKind.VOLUME, volume_tags[P.TAG_SOURCE_VOLUME])
     if volume.get("SnapshotId"):
         return ContentSource(SourceKind.SNAPSHOT, volume["SnapshotId"])
     return None
@@ -58,7 +51,7 @@ def _attachments(volume: Mapping[str, Any], volume_tags: Mapping[str, str]) -> t
     return tuple(
         Attachment(
             node_id=a["InstanceId"],
-            readonly=TAG_READONLY_PREFIX + a["InstanceId"] in volume_tags,
+            readonly=P.TAG_READONLY_PREFIX + a["InstanceId"] in volume_tags,
             publish_context={keys.PC_DEVICE_PATH: a.get("Device", "")},
         )
         for a in volume.get("Attachments", [])
@@ -76,9 +69,9 @@ def to_disk(volume: Mapping[str, Any], zone_key: str) -> Disk:
         topology=topology(zone_key, volume["AvailabilityZone"]),
         parameters=_parameters(volume),
         volume_context={
-            k[len(TAG_CONTEXT_PREFIX) :]: v
+            k[len(P.TAG_CONTEXT_PREFIX) :]: v
             for k, v in volume_tags.items()
-            if k.startswith(TAG_CONTEXT_PREFIX)
+            if k.startswith(P.TAG_CONTEXT_PREFIX)
         },
         source=_source(volume, volume_tags),
         attachments=_attachments(volume, volume_tags),
@@ -88,7 +81,7 @@ def to_disk(volume: Mapping[str, Any], zone_key: str) -> Disk:
 
 def accessible_zones(snap: Mapping[str, Any]) -> list[str]:
     """The zones a snapshot was created to be restored in ([]: no promise was asked for)."""
-    return [z for z in tags(snap).get(TAG_ACCESSIBLE_ZONES, "").split(",") if z]
+    return [z for z in tags(snap).get(P.TAG_ACCESSIBLE_ZONES, "").split(",") if z]
 
 
 def to_snapshot(snap: Mapping[str, Any], zone_key: str) -> Snapshot:

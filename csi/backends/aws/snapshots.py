@@ -19,7 +19,8 @@ from csi.backends.aws import params as P
 from csi.backends.aws.clones import TAG_CLONE_SCRATCH
 from csi.backends.aws.ec2 import Ec2
 from csi.backends.aws.filters import tag_filter, tagged_exactly
-from csi.backends.aws.records import TAG_ACCESSIBLE_ZONES, tag_spec, tags, to_snapshot
+from csi.backends.aws.params import TAG_ACCESSIBLE_ZONES
+from csi.backends.aws.records import tag_spec, tags, to_snapshot
 from csi.backends.aws.zones import Zones
 from csi.backends.base import Page, Snapshot, seek_page
 from csi.failures import AlreadyExistsError, InvalidParameterError, NotFoundError, OutOfCapacityError
