@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from csi import backend_registry as registry
+from csi import flagtypes
 from csi.commands import add_subcommands
 from csi.envflags import EnvArgumentParser, EnvDefault
 
@@ -95,63 +96,6 @@ class _VersionAction(argparse.Action):
         parser.exit()
 
 
-def _size(text: str) -> int:
-    """Bytes from '10Gi', '512Mi', '1G', '1000'."""
-    units = {"Ki": 1024, "Mi": 1024**2, "Gi": 1024**3, "Ti": 1024**4}
-    units.update({"K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12})
-    text = text.strip()
-    for suffix in sorted(units, key=len, reverse=True):
-        if text.endswith(suffix):
-            number, factor = text[: -len(suffix)], units[suffix]
-            break
-    else:
-        number, factor = text, 1
-    if not number.isdigit():
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (use bytes or a suffix like 10Gi)")
-    return int(number) * factor
-
-
-def _positive(text: str) -> int:
-    value = int(text) if text.lstrip("-").isdigit() else -1
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}")
-    return value
-
-
-def _non_negative(text: str) -> int:
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"must be a whole number >= 0, got {text!r}")
-    return int(text)
-
-
-def _endpoint(text: str) -> str:
-    if text.startswith("unix://") and len(text) > len("unix://"):
-        return text
-    if text.startswith("tcp://"):
-        host = text[len("tcp://") :].rsplit(":", 1)[0].strip("[]")
-        if host in ("127.0.0.1", "localhost", "::1"):
-            return text
-        raise argparse.ArgumentTypeError(f"tcp endpoints must be loopback (127.0.0.1, ::1), got {text!r}")
-    raise argparse.ArgumentTypeError(f"expected unix:///path/to/csi.sock, got {text!r}")
-
-
-def parse_address(address: str) -> tuple[str, int]:
-    """'host:port', '[v6]:port' or ':port' (all interfaces) -> (host, port); anything else -> ValueError."""
-    host, colon, port = address.rpartition(":")
-    if not colon or not port.isdigit() or int(port) > 65535:
-        raise ValueError(f"expected host:port or :port, got {address!r}")
-    return host.strip("[]") or "0.0.0.0", int(port)
-
-
-def _listen_address(text: str) -> str:
-    if text:
-        try:
-            parse_address(text)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from exc
-    return text
-
-
 def _backend(text: str) -> str:
     try:
         return registry.check_name(text)
@@ -184,20 +128,20 @@ def _server_flags(srv: argparse._ArgumentGroup) -> None:
     )
     srv.add_argument(
         "--endpoint",
-        type=_endpoint,
+        type=flagtypes.endpoint,
         default=EnvDefault("CSI_ENDPOINT", DEFAULT_ENDPOINT),
         help=f"gRPC endpoint, unix:///path.sock or loopback tcp:// [CSI_ENDPOINT] "
         f"(default: {DEFAULT_ENDPOINT})",
     )
     srv.add_argument(
         "--workers",
-        type=_positive,
+        type=flagtypes.positive,
         default=EnvDefault("BALLAST_WORKERS", "16"),
         help="gRPC worker threads [BALLAST_WORKERS] (default: 16)",
     )
     srv.add_argument(
         "--metrics-address",
-        type=_listen_address,
+        type=flagtypes.listen_address,
         default=EnvDefault("BALLAST_METRICS_ADDRESS", ""),
         help="host:port serving /metrics and /healthz; empty disables [BALLAST_METRICS_ADDRESS]",
     )
@@ -225,6 +169,7 @@ def _backend_flags(be: argparse._ArgumentGroup) -> None:
     )
     be.add_argument(
         "--driver-name",
+        type=flagtypes.driver_name,
         default=EnvDefault("BALLAST_DRIVER_NAME", ""),
         help="CSI driver name [BALLAST_DRIVER_NAME] (default per backend: "
         + ", ".join(f"{k}: {v.driver_name}" for k, v in registry.BUILTIN.items())
@@ -247,7 +192,7 @@ def _backend_flags(be: argparse._ArgumentGroup) -> None:
     )
     be.add_argument(
         "--capacity",
-        type=_size,
+        type=flagtypes.size,
         default=EnvDefault("BALLAST_CAPACITY", "0"),
         help="local backend: upper bound on provisioned bytes, e.g. 100Gi; 0 = free space of "
         "the data dir [BALLAST_CAPACITY]",
@@ -268,25 +213,11 @@ def _aws_flags(be: argparse._ArgumentGroup) -> None:
     )
     be.add_argument(
         "--aws-describe-batch-window",
-        type=_batch_window,
+        type=flagtypes.batch_window,
         default=EnvDefault("BALLAST_AWS_DESCRIBE_BATCH_WINDOW", "0"),
         help="aws backend: seconds (0 to 0.5) concurrent Describe lookups of volumes and instances wait to "
         "share one EC2 call; 0 = off [BALLAST_AWS_DESCRIBE_BATCH_WINDOW] (default: 0)",
     )
-
-
-def _batch_window(text: str) -> float:
-    value = float(text) if text.replace(".", "", 1).isdigit() else -1.0
-    if not 0 <= value <= 0.5:
-        raise argparse.ArgumentTypeError(f"must be seconds from 0 to 0.5, got {text!r}")
-    return value
-
-
-def _block_size(text: str) -> int:
-    size = _size(text)
-    if size and (size & (size - 1) or not 4096 <= size <= 1024**2):
-        raise argparse.ArgumentTypeError(f"must be a power of two from 4Ki to 1Mi (or 0), got {text!r}")
-    return size
 
 
 def _metadata_flags(md: argparse._ArgumentGroup) -> None:
@@ -300,7 +231,7 @@ def _metadata_flags(md: argparse._ArgumentGroup) -> None:
     )
     md.add_argument(
         "--snapshot-metadata-block-size",
-        type=_block_size,
+        type=flagtypes.block_size,
         default=EnvDefault("BALLAST_SNAPSHOT_METADATA_BLOCK_SIZE", "0"),
         help="block size of the changed-block metadata, a power of two from 4Ki to 1Mi; 0 = the backend's "
         "own (local: 64Ki, aws: 512Ki) [BALLAST_SNAPSHOT_METADATA_BLOCK_SIZE]",
@@ -310,6 +241,7 @@ def _metadata_flags(md: argparse._ArgumentGroup) -> None:
 def _node_flags(nd: argparse._ArgumentGroup) -> None:
     nd.add_argument(
         "--node-id",
+        type=flagtypes.node_id,
         default=EnvDefault("CSI_NODE_ID", ""),
         help="node id reported by NodeGetInfo [CSI_NODE_ID] (default: the host name; aws: instance id)",
     )
@@ -321,13 +253,13 @@ def _node_flags(nd: argparse._ArgumentGroup) -> None:
     )
     nd.add_argument(
         "--max-volumes-per-node",
-        type=_non_negative,
+        type=flagtypes.non_negative,
         default=EnvDefault("BALLAST_MAX_VOLUMES_PER_NODE", "0"),
         help="attach limit per node; 0 = backend default [BALLAST_MAX_VOLUMES_PER_NODE]",
     )
     nd.add_argument(
         "--kubelet-dir",
-        type=_absolute,
+        type=flagtypes.absolute,
         default=EnvDefault("BALLAST_KUBELET_DIR", "/var/lib/kubelet"),
         help="kubelet root; staging and target paths must be under it or an allowed prefix "
         "[BALLAST_KUBELET_DIR] (default: /var/lib/kubelet)",
@@ -335,23 +267,17 @@ def _node_flags(nd: argparse._ArgumentGroup) -> None:
     nd.add_argument(
         "--allowed-path-prefix",
         action="append",
-        type=_absolute,
+        type=flagtypes.absolute,
         default=EnvDefault("BALLAST_ALLOWED_PATH_PREFIXES", "", separator=":"),
         help="extra directory under which staging/target paths are allowed; repeatable "
         "[BALLAST_ALLOWED_PATH_PREFIXES, colon-separated]",
     )
     nd.add_argument(
         "--format-concurrency",
-        type=_positive,
+        type=flagtypes.positive,
         default=EnvDefault("BALLAST_FORMAT_CONCURRENCY", "2"),
         help="mkfs/fsck run at once on a node [BALLAST_FORMAT_CONCURRENCY] (default: 2)",
     )
-
-
-def _absolute(path: str) -> str:
-    if not os.path.isabs(path) or os.path.normpath(path) != path.rstrip("/") or ".." in path.split("/"):
-        raise argparse.ArgumentTypeError(f"must be an absolute, normalised path, got {path!r}")
-    return path
 
 
 def from_namespace(ns: argparse.Namespace) -> Config:

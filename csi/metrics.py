@@ -29,7 +29,8 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 from csi.backends.base import Backend
-from csi.config import Config, parse_address
+from csi.config import Config
+from csi.flagtypes import parse_address
 from csi.inflight import InFlight
 
 log = logging.getLogger("ballast.metrics")

@@ -144,6 +144,11 @@ def test_values(
         pytest.param(["--no-such-flag"], "--no-such-flag", id="unknown-flag"),
         pytest.param(["--metrics-address", "localhost"], "--metrics-address", id="metrics-address-no-port"),
         pytest.param(["--metrics-address", ":99999"], "--metrics-address", id="metrics-port-out-of-range"),
+        pytest.param(["--driver-name", "Bad_Name"], "--driver-name", id="driver-name-underscore"),
+        pytest.param(["--driver-name", "a" * 64], "--driver-name", id="driver-name-over-63"),
+        pytest.param(["--driver-name", "-ebs.csi"], "--driver-name", id="driver-name-leading-dash"),
+        pytest.param(["--node-id", "n" * 129], "--node-id", id="node-id-over-128-bytes"),
+        pytest.param(["--node-id", "node\x01"], "--node-id", id="node-id-control-char"),
     ],
 )
 def test_bad_flags_exit_2_naming_the_flag(
@@ -190,6 +195,8 @@ def test_bad_flags_exit_2_naming_the_flag(
         ),
         pytest.param("BALLAST_FORMAT_CONCURRENCY", "0", "--format-concurrency", id="zero-format-concurrency"),
         pytest.param("BALLAST_METRICS_ADDRESS", "9808", "--metrics-address", id="metrics-address-no-colon"),
+        pytest.param("BALLAST_DRIVER_NAME", "my driver", "--driver-name", id="driver-name-space"),
+        pytest.param("CSI_NODE_ID", "x" * 200, "--node-id", id="node-id-too-long"),
     ],
 )
 def test_bad_env_value_exits_2_naming_flag_and_variable(

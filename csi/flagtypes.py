@@ -1,0 +1,115 @@
+"""Checked values of command-line flags: each function takes the flag's text and returns its value, or
+raises argparse.ArgumentTypeError with a message naming what is expected (argparse adds the flag)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+
+from csi.failures import InvalidParameterError
+from csi.validation import check_string
+
+
+def size(text: str) -> int:
+    """Bytes from '10Gi', '512Mi', '1G', '1000'."""
+    units = {"Ki": 1024, "Mi": 1024**2, "Gi": 1024**3, "Ti": 1024**4}
+    units.update({"K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12})
+    text = text.strip()
+    for suffix in sorted(units, key=len, reverse=True):
+        if text.endswith(suffix):
+            number, factor = text[: -len(suffix)], units[suffix]
+            break
+    else:
+        number, factor = text, 1
+    if not number.isdigit():
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (use bytes or a suffix like 10Gi)")
+    return int(number) * factor
+
+
+def positive(text: str) -> int:
+    value = int(text) if text.lstrip("-").isdigit() else -1
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}")
+    return value
+
+
+# Spec, GetPluginInfo: "domain name notation", at most 63 characters, alphanumeric at both ends, with
+# dashes, dots and alphanumerics between.
+
+
+# Spec, GetPluginInfo: "domain name notation", at most 63 characters, alphanumeric at both ends, with
+# dashes, dots and alphanumerics between.
+DRIVER_NAME = re.compile(r"[A-Za-z0-9]([-.A-Za-z0-9]{0,61}[A-Za-z0-9])?")
+
+
+def driver_name(text: str) -> str:
+    if text and not DRIVER_NAME.fullmatch(text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a CSI driver name: at most 63 characters, letters, digits, '-' and '.', "
+            "beginning and ending with a letter or digit (e.g. ebs.csi.example.com)"
+        )
+    return text
+
+
+def node_id(text: str) -> str:
+    """A node id COs can send back: the spec's string limits (128 bytes, no control characters)."""
+    try:
+        check_string(text, "the node id")
+    except InvalidParameterError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def non_negative(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 0, got {text!r}")
+    return int(text)
+
+
+def endpoint(text: str) -> str:
+    if text.startswith("unix://") and len(text) > len("unix://"):
+        return text
+    if text.startswith("tcp://"):
+        host = text[len("tcp://") :].rsplit(":", 1)[0].strip("[]")
+        if host in ("127.0.0.1", "localhost", "::1"):
+            return text
+        raise argparse.ArgumentTypeError(f"tcp endpoints must be loopback (127.0.0.1, ::1), got {text!r}")
+    raise argparse.ArgumentTypeError(f"expected unix:///path/to/csi.sock, got {text!r}")
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """'host:port', '[v6]:port' or ':port' (all interfaces) -> (host, port); anything else -> ValueError."""
+    host, colon, port = address.rpartition(":")
+    if not colon or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"expected host:port or :port, got {address!r}")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def listen_address(text: str) -> str:
+    if text:
+        try:
+            parse_address(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from exc
+    return text
+
+
+def batch_window(text: str) -> float:
+    value = float(text) if text.replace(".", "", 1).isdigit() else -1.0
+    if not 0 <= value <= 0.5:
+        raise argparse.ArgumentTypeError(f"must be seconds from 0 to 0.5, got {text!r}")
+    return value
+
+
+def block_size(text: str) -> int:
+    value = size(text)
+    if value and (value & (value - 1) or not 4096 <= value <= 1024**2):
+        raise argparse.ArgumentTypeError(f"must be a power of two from 4Ki to 1Mi (or 0), got {text!r}")
+    return value
+
+
+def absolute(path: str) -> str:
+    if not os.path.isabs(path) or os.path.normpath(path) != path.rstrip("/") or ".." in path.split("/"):
+        raise argparse.ArgumentTypeError(f"must be an absolute, normalised path, got {path!r}")
+    return path
