@@ -1,7 +1,10 @@
 """Logging set-up and the request summaries that may be logged.
 
 Only fields named in SUMMARY_FIELDS are ever logged from a request, and never a field carrying the
-csi_secret option or a `secrets` map; `safe_dict` renders a whole message with those removed.
+csi_secret option or a `secrets` map; `safe_dict` renders a whole message with those removed. Logged
+values are cut at FIELD_LIMIT characters, and the text format escapes control characters, so no request
+can write a line of its own into the log. Other libraries' loggers stay at WARNING whatever --log-level
+says: botocore's debug output carries credentials.
 """
 
 from __future__ import annotations
@@ -37,6 +40,9 @@ SUMMARY_FIELDS = (
     "volume_path",
 )
 
+FIELD_LIMIT = 256
+# Loggers of the driver itself; everything else (botocore, urllib3, ...) logs at WARNING and above.
+OWN_LOGGERS = ("ballast", "csi")
 _request_id = threading.local()
 
 
@@ -59,12 +65,34 @@ def summary(request: Message) -> dict[str, str]:
             continue
         value = getattr(request, name)
         if value:
-            out[name] = value
+            out[name] = _cut(value)
     if "volume_ids" in request.DESCRIPTOR.fields_by_name:
         ids = list(request.volume_ids)  # type: ignore[attr-defined]
         if ids:
-            out["volume_ids"] = ",".join(ids)
+            out["volume_ids"] = _cut(",".join(ids))
     return out
+
+
+def _cut(value: str) -> str:
+    if len(value) <= FIELD_LIMIT:
+        return value
+    return f"{value[:FIELD_LIMIT]}...({len(value) - FIELD_LIMIT} more characters)"
+
+
+def _logfmt(value: object) -> str:
+    """`value` as one token of a text line: quoted and escaped when it holds a space, a quote, an `=`
+    or any character that is not printable ASCII."""
+    text = str(value)
+    if text and all(33 <= ord(c) < 127 and c not in '"=' for c in text):
+        return text
+    return json.dumps(text)
+
+
+def _escape(line: str) -> str:
+    """Control characters (a newline that would start a forged line) as escapes; the rest unchanged."""
+    if line.isprintable():
+        return line
+    return "".join(c if c.isprintable() else json.dumps(c)[1:-1] for c in line)
 
 
 def safe_dict(message: Message) -> dict[str, Any]:
@@ -105,16 +133,20 @@ class JsonFormatter(logging.Formatter):
 
 
 class TextFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        base = super().format(record)
+    """One line per record (a logged exception's stack follows on lines of its own): the message with
+    control characters escaped, then the `fields` extra as key=value tokens."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        line = _escape(super().formatMessage(record))
         fields = getattr(record, "fields", {})
         if fields:
-            base += " " + " ".join(f"{k}={v}" for k, v in fields.items())
-        return base
+            line += " " + " ".join(f"{k}={_logfmt(v)}" for k, v in fields.items())
+        return line
 
 
 def setup(log_format: str, level: str, stream: Any = None) -> None:
-    """Configure the root logger once (idempotent: replaces earlier Ballast handlers)."""
+    """Configure the root logger once (idempotent: replaces earlier Ballast handlers). `level` applies
+    to the driver's own loggers; other libraries log at WARNING and above, or at `level` if higher."""
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.set_name("ballast")
     if log_format == "json":
@@ -125,7 +157,10 @@ def setup(log_format: str, level: str, stream: Any = None) -> None:
     for old in [h for h in root.handlers if h.get_name() == "ballast"]:
         root.removeHandler(old)
     root.addHandler(handler)
-    root.setLevel(level.upper())
+    chosen = logging.getLevelName(level.upper())
+    root.setLevel(max(chosen, logging.WARNING))
+    for name in OWN_LOGGERS:
+        logging.getLogger(name).setLevel(chosen)
 
 
 # Routine polling RPCs log at debug level when they succeed.

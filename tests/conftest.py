@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from csi import logs
+
 REPO = Path(__file__).resolve().parent.parent
 TOOLS_BIN = REPO / ".tools" / "bin"
 
@@ -49,6 +51,9 @@ def restore_root_logging() -> Iterator[None]:
     the stream stderr is then, which pytest closes after the test): puts the root logger back."""
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
+    own = {name: logging.getLogger(name).level for name in logs.OWN_LOGGERS}
     yield
     root.handlers = handlers
     root.setLevel(level)
+    for name, was in own.items():
+        logging.getLogger(name).setLevel(was)
