@@ -30,7 +30,6 @@ from csi.validation import (
     check_capability,
     check_capability_form,
     check_ids,
-    check_map,
     check_string,
     is_block,
     require,
@@ -80,7 +79,6 @@ class ControllerService(ControllerHealthRPCs, csi_pb2_grpc.ControllerServicer):
     def _mutable(self, parameters: dict[str, str]) -> dict[str, str]:
         if not parameters:
             return {}
-        check_map(parameters, "mutable_parameters")
         if CRPC.MODIFY_VOLUME not in self._caps.controller:
             raise InvalidParameterError("mutable_parameters are not supported by this driver's backend")
         return self._backend.validate_mutable_parameters(parameters)
@@ -110,7 +108,6 @@ class ControllerService(ControllerHealthRPCs, csi_pb2_grpc.ControllerServicer):
         caps = list(request.volume_capabilities)
         check_capabilities(caps)
         _check_fs_type(caps)
-        check_map(request.parameters, "parameters")
         b = self._backend.capabilities
         size = capacity_bytes(
             request.capacity_range, default=b.default_size, granularity=b.size_granularity, minimum=b.min_size
@@ -324,7 +321,6 @@ class ControllerService(ControllerHealthRPCs, csi_pb2_grpc.ControllerServicer):
         require(request.name, "name")
         check_string(request.name, "name")
         require(request.source_volume_id, "source_volume_id")
-        check_map(request.parameters, "parameters")
         if request.HasField("accessibility_requirements") and not self._caps.snapshot_topology:
             # spec: the field SHALL NOT be set unless SNAPSHOT_ACCESSIBILITY_CONSTRAINTS is advertised
             raise InvalidParameterError(

@@ -20,6 +20,7 @@ from google.protobuf.unknown_fields import UnknownFieldSet
 
 from csi import failures
 from csi.interceptors import Behavior, MethodInterceptor, StreamBehavior
+from csi.validation import check_maps
 
 log = logging.getLogger("ballast.errors")
 
@@ -40,17 +41,29 @@ CODES: dict[type[failures.DriverError], grpc.StatusCode] = {
 }
 
 
+# A status message travels in one HTTP/2 header, percent-encoded (up to 12 bytes per character), and
+# gRPC drops a call whose headers pass 16 KiB (the client then sees RESOURCE_EXHAUSTED, not our code).
+# Messages that quote a long input are cut to this many characters.
+MESSAGE_LIMIT = 1024
+
+
 def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     """The (code, message) a client sees for `exc`. Unexpected exceptions get a reference id, not details."""
     if isinstance(exc, failures.DriverError):
         for klass in type(exc).__mro__:
             if klass in CODES:
-                return CODES[klass], str(exc) or klass.__name__
+                return CODES[klass], _bounded(str(exc) or klass.__name__)
     if isinstance(exc, NotImplementedError):
         # generated servicer base methods raise this for RPCs a service does not implement
         return grpc.StatusCode.UNIMPLEMENTED, "this RPC is not implemented by ballast"
     ref = os.urandom(6).hex()
     return grpc.StatusCode.INTERNAL, f"internal error (reference {ref}); the driver log has the details"
+
+
+def _bounded(message: str) -> str:
+    if len(message) <= MESSAGE_LIMIT:
+        return message
+    return message[: MESSAGE_LIMIT - 40] + f"... ({len(message) - MESSAGE_LIMIT + 40} characters cut)"
 
 
 # An unknown varint field 536870911 = 1 (the highest field number): what `_lenient` parses in place of
@@ -81,10 +94,14 @@ def _undecodable(request: Any) -> bool:
 
 
 def _check_decodable(request: Any) -> None:
+    """A request gRPC could not parse, or one whose maps are over the spec's size limit ->
+    InvalidParameterError, before any handler runs."""
     if _undecodable(request):
         raise failures.InvalidParameterError(
             "the request could not be decoded: malformed protobuf, or a string field that is not valid UTF-8"
         )
+    if isinstance(request, Message):
+        check_maps(request)
 
 
 def _abort(method: str, exc: Exception, context: grpc.ServicerContext) -> None:

@@ -177,7 +177,20 @@ def check_mount_flags(flags: Sequence[str], fs_type: str | None) -> list[str]:
                     + ", ".join(sorted(set(VFS_FLAGS) | {k.rstrip("=") for k in allowed} | security))
                 )
             out.append(flag)
+    _check_consistent(out)
     return out
+
+
+def _check_consistent(flags: Sequence[str]) -> None:
+    """VFS flags that undo each other (ro and rw, sync and async) -> InvalidParameterError: the kernel
+    would take the last one, while the request's own reading (is it read-only?) may take the other."""
+    vfs = [f for f in dict.fromkeys(flags) if f in VFS_FLAGS]
+    for i, first in enumerate(vfs):
+        for second in vfs[i + 1 :]:
+            if VFS_FLAGS[first][0] & VFS_FLAGS[second][1] or VFS_FLAGS[first][1] & VFS_FLAGS[second][0]:
+                raise InvalidParameterError(
+                    f"mount flags {first!r} and {second!r} contradict each other; keep one of them"
+                )
 
 
 def _fs_option_ok(flag: str, allowed: Mapping[str, str | None]) -> bool:

@@ -16,7 +16,7 @@ from csi.capabilities import Capabilities
 from csi.failures import InvalidParameterError, NotFoundError
 from csi.inflight import InFlight
 from csi.replies import group_message
-from csi.validation import check_ids, check_map, check_string, require, strip_k8s_keys
+from csi.validation import check_ids, check_string, require, strip_k8s_keys
 
 
 def _check_members(group: GroupSnapshot, snapshot_ids: Sequence[str]) -> None:
@@ -51,7 +51,6 @@ class GroupControllerService(csi_pb2_grpc.GroupControllerServicer):
         require(request.source_volume_ids, "source_volume_ids")
         for vid in request.source_volume_ids:
             require(vid, "source_volume_ids[]")
-        check_map(request.parameters, "parameters")
         with self._inflight.hold(f"group:{request.name}"):
             group = self._backend.create_group_snapshot(
                 request.name, list(request.source_volume_ids), strip_k8s_keys(request.parameters)

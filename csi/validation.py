@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
@@ -54,32 +55,51 @@ def require_id(value: str, field: str) -> None:
     check_string(value, field)
 
 
-def check_ids(request: Message, prefix: str = "") -> None:
+def check_ids(request: Message) -> None:
     """Every id a request carries (`*_id` and `*_ids` fields, in nested messages too) within the spec's
     limits: over 128 bytes or holding control characters -> INVALID_ARGUMENT, in every RPC, before any
     lookup could answer NOT_FOUND. Whether an id is required is the handler's question."""
-    for field, nested in _id_fields(request.DESCRIPTOR):
+
+    def check(value: Any, field: FieldDescriptor, name: str) -> None:
+        for item in value if field.is_repeated else [value]:
+            check_string(item, name)
+
+    _walk(request, _is_id, check, "")
+
+
+def check_maps(request: Message) -> None:
+    """Every map a request carries, in nested messages too, within the spec's 4 KiB -> else
+    INVALID_ARGUMENT. Secrets are exempt: the driver does not read them, and a Kubernetes Secret the CO
+    passes on (a certificate bundle, say) may be larger."""
+    _walk(request, _is_limited_map, lambda value, _, name: check_map(value, name), "")
+
+
+Leaf = Callable[[FieldDescriptor], bool]
+
+
+Check = Callable[[Any, FieldDescriptor, str], None]
+
+
+def _walk(request: Message, leaf: Leaf, check: Check, prefix: str) -> None:
+    for field, nested in _fields(request.DESCRIPTOR, leaf):
         value = getattr(request, field.name)
-        if nested:
-            if field.is_repeated or request.HasField(field.name):
-                for sub in value if field.is_repeated else [value]:
-                    check_ids(sub, f"{prefix}{field.name}.")
-        else:
-            for item in value if field.is_repeated else [value]:
-                check_string(item, prefix + field.name)
+        if not nested:
+            check(value, field, prefix + field.name)
+        elif field.is_repeated or request.HasField(field.name):
+            for sub in value if field.is_repeated else [value]:
+                _walk(sub, leaf, check, f"{prefix}{field.name}.")
 
 
 @functools.cache
-def _id_fields(message: Descriptor) -> tuple[tuple[FieldDescriptor, bool], ...]:
-    """(field, is a message) for the fields of `message` that are ids or messages holding ids at some
-    depth; maps are not walked (check_map limits them). Worked out once per message type."""
+def _fields(message: Descriptor, leaf: Leaf) -> tuple[tuple[FieldDescriptor, bool], ...]:
+    """(field, is a message to walk into) for the fields of `message` that are `leaf` fields or messages
+    holding one at some depth. Worked out once per message type and kind of leaf."""
     found = []
     for field in message.fields:
-        if field.type == FieldDescriptor.TYPE_MESSAGE:
-            if _holds_ids(field.message_type, set()):
-                found.append((field, True))
-        elif _is_id(field):
+        if leaf(field):
             found.append((field, False))
+        elif field.type == FieldDescriptor.TYPE_MESSAGE and _holds(field.message_type, leaf, set()):
+            found.append((field, True))
     return tuple(found)
 
 
@@ -87,14 +107,22 @@ def _is_id(field: FieldDescriptor) -> bool:
     return field.type == FieldDescriptor.TYPE_STRING and field.name.endswith(("_id", "_ids"))
 
 
-def _holds_ids(message: Descriptor | None, seen: set[str]) -> bool:
-    """Whether `message` (not a map entry) has an id field at some depth; `seen`: types already decided
-    or being decided further up (a type that refers to itself)."""
+def _is_limited_map(field: FieldDescriptor) -> bool:
+    entry = field.message_type
+    if entry is None or not entry.GetOptions().map_entry:
+        return False
+    options: Any = field.GetOptions()
+    return field.name != "secrets" and not options.Extensions[csi_pb2.csi_secret]
+
+
+def _holds(message: Descriptor | None, leaf: Leaf, seen: set[str]) -> bool:
+    """Whether `message` (not a map entry) has a `leaf` field at some depth; `seen`: types already
+    decided or being decided further up (a type that refers to itself)."""
     if message is None or message.full_name in seen or message.GetOptions().map_entry:
         return False
     seen.add(message.full_name)
     return any(
-        _holds_ids(f.message_type, seen) if f.type == FieldDescriptor.TYPE_MESSAGE else _is_id(f)
+        leaf(f) or (f.type == FieldDescriptor.TYPE_MESSAGE and _holds(f.message_type, leaf, seen))
         for f in message.fields
     )
 

@@ -108,6 +108,27 @@ def test_mount_flags_rejected(flags: list[str], fs_type: str | None) -> None:
         check_mount_flags(flags, fs_type)
 
 
+@pytest.mark.parametrize(
+    ("flags", "fs_type"),
+    [
+        pytest.param(["ro", "rw"], "ext4", id="ro-then-rw"),
+        pytest.param(["rw", "ro"], "xfs", id="rw-then-ro"),
+        pytest.param(["ro,noatime,rw"], "ext4", id="in-one-string"),
+        pytest.param(["sync", "async"], None, id="sync-async-block"),
+    ],
+)
+def test_contradicting_mount_flags_rejected(flags: list[str], fs_type: str | None) -> None:
+    """The kernel keeps the last of ro/rw, while the node reads "ro" anywhere as read-only: a staged
+    volume the driver takes for read-only would be writable, and an identical retry answer
+    ALREADY_EXISTS. Such a pair is refused."""
+    with pytest.raises(InvalidParameterError, match="contradict"):
+        check_mount_flags(flags, fs_type)
+
+
+def test_repeated_mount_flag_is_not_a_contradiction() -> None:
+    assert check_mount_flags(["ro", "ro", "noexec"], "ext4") == ["ro", "ro", "noexec"]
+
+
 def test_split_flags_turns_vfs_flags_into_bits() -> None:
     set_bits, clear_bits, data = split_flags(["ro", "noexec", "data=ordered"])
     assert set_bits == MS_RDONLY | MS_NOEXEC
