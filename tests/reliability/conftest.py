@@ -248,3 +248,13 @@ def fill(directory: Path, leave: int = 0) -> Path:
     finally:
         os.close(fd)
     return filler
+
+
+def fill_up(directory: Path) -> list[Path]:
+    """fill(), then write the last few blocks fallocate left, one at a time: not a block is free
+    after. Returns the files written (delete them to free the space again)."""
+    filler, pad = fill(directory), directory / "pad"
+    with open(pad, "ab", buffering=0) as f, contextlib.suppress(OSError):  # unbuffered: none left to flush
+        while f.write(b"\0" * 4096):
+            pass
+    return [filler, pad]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +21,15 @@ import csi.node
 from csi._proto import csi_pb2
 from csi.backends.base import DiskOptions
 from csi.backends.local import LocalBackend
+from csi.backends.local.files import free_bytes
+from csi.backends.local.reserve import RESERVE_BYTES
 from csi.mount import Mounter
 from tests.csiclient import assert_code
 from tests.reliability.conftest import (
     MiB,
     assert_consistent,
     fill,
+    fill_up,
     loops_over,
     mount_cap,
     read_state,
@@ -318,15 +322,7 @@ def test_full_state_database_is_resource_exhausted_and_leaves_no_orphan_file(
     """With not a block left, even an empty (sparse) volume cannot be recorded."""
     env = full
     env.create(8 * MiB, name="fits")
-    filler = fill(small_fs)
-    pad = small_fs / "pad"
-    with open(pad, "wb") as f:  # the last few blocks fallocate left
-        while True:
-            try:
-                f.write(b"\0" * 4096)
-                f.flush()
-            except OSError:
-                break
+    filler, pad = fill_up(small_fs)
     before = read_state(env.data_dir)
     names = [f"cannot-fit-{i}" for i in range(3)]
     refused = 0
@@ -417,3 +413,122 @@ def test_reconcile_undoes_a_recorded_size_the_file_cannot_reach(leak_check: Path
         assert b.get_volume(vid).size_bytes == 16 * MiB
     finally:
         b.close()
+
+
+# ---------------------------------------------------------------------------- freeing a full data dir
+
+
+@dataclass
+class Stocked:
+    """A driver on small_fs whose volumes, snapshot and group snapshot hold real (allocated) data."""
+
+    fs: Path
+    env: Local
+    ids: dict[str, str] = field(default_factory=dict)
+    digest: str = ""  # of volume "kept", which no case deletes
+
+    def restart(self) -> None:
+        self.env.stop()
+        self.env = start_local(self.fs.parent, self.fs / "data")
+
+    def free(self) -> int:
+        return free_bytes(str(self.fs))
+
+
+@pytest.fixture
+def stocked(small_fs: Path) -> Iterator[Stocked]:
+    s = Stocked(small_fs, start_local(small_fs.parent, small_fs / "data"))
+    try:
+        for name in ("kept", "spare", "published"):
+            s.ids[name] = s.env.create(12 * MiB, name=name)
+            digest = write_user_data(volume_file(s.env, s.ids[name]), 6 * MiB)
+            s.digest = s.digest or digest
+        s.env.publish_context(s.ids["published"])
+        controller, group = s.env.client.controller, s.env.client.group
+        s.ids["snap"] = controller.CreateSnapshot(
+            csi_pb2.CreateSnapshotRequest(name="snap", source_volume_id=s.ids["kept"]), timeout=60
+        ).snapshot.snapshot_id
+        s.ids["group"] = group.CreateVolumeGroupSnapshot(
+            csi_pb2.CreateVolumeGroupSnapshotRequest(name="group", source_volume_ids=[s.ids["spare"]]),
+            timeout=60,
+        ).group_snapshot.group_snapshot_id
+        yield s
+    finally:
+        s.env.stop()
+
+
+Calls = list[tuple[Callable[..., Any], Any]]
+
+
+def _free_snapshot(env: Local, ids: dict[str, str]) -> Calls:
+    return [(env.client.controller.DeleteSnapshot, csi_pb2.DeleteSnapshotRequest(snapshot_id=ids["snap"]))]
+
+
+def _free_volume(env: Local, ids: dict[str, str]) -> Calls:
+    return [(env.client.controller.DeleteVolume, csi_pb2.DeleteVolumeRequest(volume_id=ids["spare"]))]
+
+
+def _free_published_volume(env: Local, ids: dict[str, str]) -> Calls:
+    vid = ids["published"]
+    return [
+        (
+            env.client.controller.ControllerUnpublishVolume,
+            csi_pb2.ControllerUnpublishVolumeRequest(volume_id=vid, node_id=NODE_ID),
+        ),
+        (env.client.controller.DeleteVolume, csi_pb2.DeleteVolumeRequest(volume_id=vid)),
+    ]
+
+
+def _free_group(env: Local, ids: dict[str, str]) -> Calls:
+    req = csi_pb2.DeleteVolumeGroupSnapshotRequest(group_snapshot_id=ids["group"])
+    return [(env.client.group.DeleteVolumeGroupSnapshot, req)]
+
+
+FREEING = [
+    pytest.param(_free_snapshot, id="DeleteSnapshot"),
+    pytest.param(_free_volume, id="DeleteVolume"),
+    pytest.param(_free_published_volume, id="ControllerUnpublishVolume-then-DeleteVolume"),
+    pytest.param(_free_group, id="DeleteVolumeGroupSnapshot"),
+]
+
+
+def _assert_full(env: Local) -> None:
+    """Not a block left: a blank (sparse) volume cannot even be recorded."""
+    req = csi_pb2.CreateVolumeRequest(
+        name="does-not-fit", capacity_range=csi_pb2.CapacityRange(required_bytes=MiB)
+    )
+    req.volume_capabilities.append(mount_cap())
+    assert_code(env.client.controller.CreateVolume, req, Code.RESOURCE_EXHAUSTED, contains="is full")
+
+
+@pytest.mark.parametrize("free", FREEING)
+@pytest.mark.parametrize("filled", ["while-running", "while-stopped"])
+def test_a_full_data_dir_frees_space_through_deletes_and_the_driver_starts_on_it(
+    stocked: Stocked, free: Callable[[Local, dict[str, str]], Calls], filled: str
+) -> None:
+    """docs/recovery.md: free space by deleting snapshots or volumes. The deletes go through with not a
+    block free, and so does a start: with the database's -wal and -shm left by a stop on the full
+    filesystem (while-running), or removed by a stop with room before it filled (while-stopped)."""
+    if filled == "while-stopped":
+        stocked.env.stop()
+        fill_up(stocked.fs)
+        stocked.env = start_local(stocked.fs.parent, stocked.fs / "data")
+        assert stocked.free() < RESERVE_BYTES, "the start used no more room than the space reserve's"
+    else:
+        fill_up(stocked.fs)
+        _assert_full(stocked.env)
+    before = stocked.free()
+    for call, request in free(stocked.env, stocked.ids):
+        call(request, timeout=60)
+    assert stocked.free() >= before + 4 * MiB, "the deletes freed the space their files held"
+    assert_consistent(stocked.env.data_dir)
+
+    again = stocked.fs / "again"
+    again.mkdir()
+    fill_up(again)
+    _assert_full(stocked.env)
+    stocked.restart()  # stopped and started on the full filesystem
+    listed = stocked.env.client.controller.ListVolumes(csi_pb2.ListVolumesRequest(), timeout=60).entries
+    assert stocked.ids["kept"] in {e.volume.volume_id for e in listed}
+    assert digest_of(volume_file(stocked.env, stocked.ids["kept"]), 6 * MiB) == stocked.digest
+    assert_consistent(stocked.env.data_dir)

@@ -5,6 +5,7 @@ can be restored."""
 from __future__ import annotations
 
 import os
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -105,6 +106,21 @@ def test_an_expand_leaves_no_growth_intent_and_a_deleted_volume_no_mark(data: Pa
     store = Store(str(data / "state.db"))
     assert Ledger(store).marks() == {}
     store.close()
+
+
+def test_a_start_with_nothing_to_settle_writes_nothing(data: Path) -> None:
+    """A start on a full filesystem must not need room for a transaction that changes nothing."""
+    be = open_backend(data)
+    gone = be.create_volume("gone", DiskOptions(size_bytes=MiB))
+    be.delete_volume(gone.id)
+    be.close()
+    watcher = sqlite3.connect(data / "state.db")
+    try:
+        version = watcher.execute("PRAGMA data_version").fetchone()[0]
+        open_backend(data).close()
+        assert watcher.execute("PRAGMA data_version").fetchone()[0] == version, "the start wrote"
+    finally:
+        watcher.close()
 
 
 def test_list_volume_health_pages_by_volume_id(data: Path) -> None:

@@ -46,6 +46,7 @@ from csi.backends.local.layout import (
 )
 from csi.backends.local.quiesce import LocalQuiescer, Quiescer
 from csi.backends.local.reporting import LocalReporting
+from csi.backends.local.reserve import Reserve
 from csi.backends.local.snapshots import LocalSnapshots, SnapshotOperations
 from csi.backends.local.state import AttachmentRow, NameTaken, Store, VolumeRow
 from csi.backends.local.topology import Segment
@@ -135,17 +136,20 @@ class LocalBackend(LocalReporting, SnapshotOperations, Backend):
     @classmethod
     def open(cls, data_dir: str, *, reconcile: bool = True, **options: Any) -> Self:
         """Create the data dir if needed, check and open its state, and (`reconcile`) take the owner lock
-        and reconcile the files with the state. Only one process may reconcile: a second could remove a
+        and reconcile the files with the state, then keep the space reserve (reserve.py; any process
+        releases it first on a full disk). Only one process may reconcile: a second could remove a
         file the first is creating. `options` are the constructor's keywords."""
         layout = Layout(data_dir)
         layout.create()
         owner = startup.lock_data_dir(layout, "controller") if reconcile else None
-        store = None
+        reserve, store = Reserve(layout.reserve_file), None
         try:
+            reserve.make_room()  # on a full disk SQLite needs room to open the database at all
             startup.check_state(layout)  # unreadable, or lost while files exist: refuse rather than reconcile
-            store = Store(layout.state_db)
+            store = Store(layout.state_db, reserve if reconcile else None)  # kept by the data dir's owner
             if reconcile:
                 startup.reconcile(layout, store)
+                reserve.keep()
         except BaseException:
             if store is not None:
                 store.close()

@@ -89,7 +89,14 @@ class Ledger:
             return int(db.execute("DELETE FROM health_marks WHERE volume_id = ?", (volume_id,)).rowcount)
 
     def settle(self) -> None:
-        """After start-up reconciliation: no expand is in progress, and marks of deleted volumes go."""
+        """After start-up reconciliation: no expand is in progress, and marks of deleted volumes go.
+        Writes only when there is something to remove, so a start on a full filesystem writes nothing."""
+        stale = self._store.query(
+            "SELECT EXISTS (SELECT 1 FROM growth) OR EXISTS "
+            "(SELECT 1 FROM health_marks WHERE volume_id NOT IN (SELECT id FROM volumes)) AS stale"
+        )
+        if not stale[0]["stale"]:
+            return
         with self._store.tx() as db:
             db.execute("DELETE FROM growth")
             db.execute("DELETE FROM health_marks WHERE volume_id NOT IN (SELECT id FROM volumes)")

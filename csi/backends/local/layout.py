@@ -1,6 +1,7 @@
 """Where the local backend keeps things, and the id formats it issues: the one place that spells them.
 
     <data-dir>/state.db                     SQLite state (state.py), with its -wal and -shm files
+    <data-dir>/state.reserve                1 MiB kept allocated for deletes on a full disk (reserve.py)
     <data-dir>/owner.lock                   the owner lock (startup.lock_data_dir)
     <data-dir>/freeze.sock                  the node plugin's freeze service (freeze_service.py)
     <data-dir>/volumes/lv-<32 hex>.img      one sparse file per volume (vol-<32 hex> standing in for EBS)
@@ -28,6 +29,7 @@ VOLUME_TOKEN_PREFIX, SNAPSHOT_TOKEN_PREFIX = "lvt-", "lst-"
 EBS_DRIVER_NAME = "ebs.csi.aws.com"
 
 STATE_DB = "state.db"
+RESERVE_FILE = "state.reserve"
 LOCK_FILE = "owner.lock"
 FREEZE_SOCKET = "freeze.sock"
 IMAGE_SUFFIX = ".img"
@@ -52,6 +54,7 @@ class Layout:
         self.volumes_dir = os.path.join(data_dir, "volumes")
         self.snapshots_dir = os.path.join(data_dir, "snapshots")
         self.state_db = os.path.join(data_dir, STATE_DB)
+        self.reserve_file = os.path.join(data_dir, RESERVE_FILE)
         self.lock_file = os.path.join(data_dir, LOCK_FILE)
         self.freeze_socket = os.path.join(data_dir, FREEZE_SOCKET)
 

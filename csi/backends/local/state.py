@@ -8,6 +8,9 @@ tokens.
 Thread-safe: one connection guarded by a lock; several processes may share the file (busy timeout).
 A database a root process creates is the data dir's owner's, and so are its -wal and -shm files
 (ownership.py).
+On a full filesystem a transaction fails with StateFull (RESOURCE_EXHAUSTED), but one that only removes
+records (deletes, detach) releases the space reserve (reserve.py) and is retried once; every other
+write first allocates the reserve again when it was released and there is room.
 """
 
 from __future__ import annotations
@@ -16,18 +19,23 @@ import json
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, NamedTuple
 
 from csi.backends.local import ownership
-from csi.backends.local.groupcommit import FileFirst, Transactions
+from csi.backends.local.groupcommit import FileFirst, T, Transactions
+from csi.backends.local.reserve import Reserve
 from csi.backends.local.schema import SCHEMA
 from csi.failures import FailedPreconditionError, LimitExceededError, NotFoundError, OutOfCapacityError
 
 
 class NameTaken(Exception):
     """An insert lost a race for a unique name; the caller re-reads the winner."""
+
+
+class StateFull(OutOfCapacityError):
+    """The filesystem holding the state database has no room for a transaction (SQLITE_FULL)."""
 
 
 class VolumeRow(NamedTuple):
@@ -80,8 +88,10 @@ def _group(r: sqlite3.Row) -> GroupRow:
 
 
 class Store:
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, reserve: Reserve | None = None) -> None:
+        """`reserve`: the space reserve this process keeps (the data dir's owner); None: none."""
         self.path = path
+        self._reserve = reserve
         self._lock = threading.Lock()
         ownership.create_file(path, 0o644, os.path.dirname(os.path.abspath(path)))  # SQLite's own mode
         self._db = sqlite3.connect(path, timeout=30.0, isolation_level=None, check_same_thread=False)
@@ -94,9 +104,9 @@ class Store:
         self.writes = Transactions(self._db, self._lock, self._mapped)
 
     def _mapped(self, exc: BaseException) -> BaseException:
-        """A full disk -> OutOfCapacityError naming the filesystem to free; anything else as it is."""
+        """A full disk -> StateFull naming the filesystem to free; anything else as it is."""
         if getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL:
-            full = OutOfCapacityError(
+            full = StateFull(
                 f"the filesystem holding {os.path.dirname(self.path)} is full, so the state "
                 "database cannot record the change; free space there and retry"
             )
@@ -112,7 +122,15 @@ class Store:
     def tx(self) -> Iterator[sqlite3.Connection]:
         """One write transaction (BEGIN IMMEDIATE ... COMMIT); rolled back if the block or the COMMIT
         raises, so a failed COMMIT never leaves the connection inside a transaction. A full disk ->
-        OutOfCapacityError naming the filesystem to free."""
+        StateFull naming the filesystem to free. Allocates the space reserve first if it is not."""
+        if self._reserve is not None:
+            self._reserve.keep()
+        with self._bare_tx() as db:
+            yield db
+
+    @contextmanager
+    def _bare_tx(self) -> Iterator[sqlite3.Connection]:
+        """tx() without touching the space reserve."""
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
@@ -125,6 +143,23 @@ class Store:
                 if mapped is not exc:
                     raise mapped from exc
                 raise
+
+    def _freeing(self, fn: Callable[[sqlite3.Connection], T], *, grouped: bool = False) -> T:
+        """`fn(db)` in a transaction (`grouped`: a group commit) that only removes records. On a full
+        disk the space reserve is released and `fn` retried once, alone, so the caller can go on to
+        delete the files that hold the space; StateFull only when no reserve was left to release."""
+        if self._reserve is not None:
+            self._reserve.keep()
+        try:
+            if grouped:
+                return self.writes.run(fn)
+            with self._bare_tx() as db:
+                return fn(db)
+        except StateFull:
+            if self._reserve is None or not self._reserve.release():
+                raise
+        with self._bare_tx() as db:
+            return fn(db)
 
     def _read(self, sql: str, args: Sequence[Any] = ()) -> list[sqlite3.Row]:
         with self._lock:
@@ -193,6 +228,8 @@ class Store:
             )
             return int(cursor.lastrowid or 0)
 
+        if self._reserve is not None:
+            self._reserve.keep()
         try:
             seq = self.writes.run(insert, first)
         except sqlite3.IntegrityError as exc:
@@ -206,7 +243,8 @@ class Store:
         return VolumeRow(seq, volume_id, name, size, json.loads(spec_text), dict(mutable), created)
 
     def delete_volume(self, volume_id: str) -> None:
-        """Missing -> NotFoundError; still attached -> FailedPreconditionError naming the nodes."""
+        """Missing -> NotFoundError; still attached -> FailedPreconditionError naming the nodes. As
+        delete_snapshot on a full disk."""
 
         def delete(db: sqlite3.Connection) -> None:
             gone = db.execute(
@@ -227,7 +265,7 @@ class Store:
                 "unpublish it first"
             )
 
-        self.writes.run(delete)
+        self._freeing(delete, grouped=True)
 
     def set_size(self, volume_id: str, size: int) -> None:
         with self.tx() as db:
@@ -284,8 +322,9 @@ class Store:
             return True
 
     def detach(self, volume_id: str, node_id: str) -> None:
-        with self.tx() as db:
-            db.execute("DELETE FROM attachments WHERE volume_id = ? AND node_id = ?", (volume_id, node_id))
+        """Goes through on a full disk while the space reserve lasts (deleting a volume needs it)."""
+        sql = "DELETE FROM attachments WHERE volume_id = ? AND node_id = ?"
+        self._freeing(lambda db: db.execute(sql, (volume_id, node_id)))
 
     # ---- snapshots and groups
 
@@ -331,8 +370,8 @@ class Store:
             raise NameTaken(group.name if group else rows[0].name) from exc
 
     def delete_snapshot(self, snapshot_id: str) -> None:
-        with self.tx() as db:
-            db.execute("DELETE FROM snapshots WHERE id = ?", (snapshot_id,))
+        """Goes through on a full disk while the space reserve lasts."""
+        self._freeing(lambda db: db.execute("DELETE FROM snapshots WHERE id = ?", (snapshot_id,)))
 
     def group(self, group_id: str) -> GroupRow | None:
         rows = self._read("SELECT * FROM groups WHERE id = ?", (group_id,))
@@ -349,9 +388,13 @@ class Store:
         ]
 
     def delete_group(self, group_id: str) -> list[str]:
-        """Remove a group and its member snapshots in one transaction; returns the member ids."""
-        with self.tx() as db:
+        """Remove a group and its member snapshots in one transaction; returns the member ids. As
+        delete_snapshot on a full disk."""
+
+        def delete(db: sqlite3.Connection) -> list[str]:
             ids = [r["id"] for r in db.execute("SELECT id FROM snapshots WHERE group_id = ?", (group_id,))]
             db.execute("DELETE FROM snapshots WHERE group_id = ?", (group_id,))
             db.execute("DELETE FROM groups WHERE id = ?", (group_id,))
             return ids
+
+        return self._freeing(delete)
