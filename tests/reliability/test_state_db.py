@@ -5,7 +5,9 @@ driver serves every volume and snapshot again with its data intact."""
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -352,3 +354,53 @@ def test_two_recoveries_in_one_second_keep_both_old_databases(tmp_path: Path) ->
     assert again is not None and again != first
     assert Path(first).read_bytes() == kept, "the first kept database was replaced"
     assert Path(again).exists()
+
+
+def test_an_older_state_db_keeps_the_newer_volumes_in_the_quarantine(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """state.db restored from a copy older than the files: start-up moves the newer files that hold data
+    to orphans/ (logged), and moving them back and running recover-state serves them again."""
+    data = tmp_path / "data"
+    s = seed(data)
+    older = tmp_path / "older.db"
+
+    def save(db: Path) -> None:
+        shutil.copy2(db, older)
+
+    def restore(db: Path) -> None:
+        shutil.copy2(older, db)
+
+    damage(data, save)  # a copy of the database as it is now (checkpointed: one file)
+    b = LocalBackend.open(str(data), node_id=NODE)
+    try:
+        newer = {
+            b.create_volume(f"new-{i}", DiskOptions(size_bytes=MiB)).id: f"new-{i}".encode() for i in range(2)
+        }
+        blank = b.create_volume("new-blank", DiskOptions(size_bytes=MiB)).id
+        for vid, payload in newer.items():
+            with open(data / "volumes" / f"{vid}.img", "r+b") as f:
+                f.write(payload)
+        snap = b.create_snapshot("new-snap", next(iter(newer)), {}).id
+    finally:
+        b.close()
+    damage(data, restore)
+
+    with caplog.at_level(logging.WARNING, logger="ballast.local"):
+        LocalBackend.open(str(data), node_id=NODE).close()
+    orphans = data / "orphans"
+    for vid, payload in newer.items():
+        assert (orphans / "volumes" / f"{vid}.img").read_bytes()[: len(payload)] == payload
+    assert (orphans / "snapshots" / f"{snap}.img").exists()
+    assert not (data / "volumes" / f"{blank}.img").exists(), "a file that holds nothing is removed"
+    warned = " ".join(r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
+    for vid in (*newer, blank):
+        assert str(data / "volumes" / f"{vid}.img") in warned
+    assert digests(data) == s.digests, "the older database's own files are untouched"
+
+    for sub in ("volumes", "snapshots"):  # the way back, as docs/recovery.md says
+        for p in (orphans / sub).iterdir():
+            p.rename(data / sub / p.name)
+    recover_state(str(data))
+    assert set(read_state(data).volume_rows) == set(s.volumes.values()) | set(newer)
+    assert snap in read_state(data).snapshot_rows

@@ -5,6 +5,8 @@
     <data-dir>/freeze.sock                  the node plugin's freeze service (freeze_service.py)
     <data-dir>/volumes/lv-<32 hex>.img      one sparse file per volume (vol-<32 hex> standing in for EBS)
     <data-dir>/snapshots/ls-<32 hex>.img    one file per snapshot
+    <data-dir>/orphans/volumes/, snapshots/ files start-up found without a record but holding data
+                                            (startup.reconcile; docs/recovery.md)
     <data-dir>/state.db.building, .new      recover-state's new database while it is built, then once
                                             complete, until it replaces state.db (recovery.py)
     <data-dir>/state.db.broken-<time>[-<n>] an old database recover-state replaced, kept
@@ -31,6 +33,7 @@ VOLUME_TOKEN_PREFIX, SNAPSHOT_TOKEN_PREFIX = "lvt-", "lst-"
 EBS_DRIVER_NAME = "ebs.csi.aws.com"
 
 STATE_DB = "state.db"
+ORPHANS = "orphans"
 LOCK_FILE = "owner.lock"
 FREEZE_SOCKET = "freeze.sock"
 IMAGE_SUFFIX = ".img"
@@ -57,6 +60,7 @@ class Layout:
         self.state_db = os.path.join(data_dir, STATE_DB)
         self.lock_file = os.path.join(data_dir, LOCK_FILE)
         self.freeze_socket = os.path.join(data_dir, FREEZE_SOCKET)
+        self.orphans_dir = os.path.join(data_dir, ORPHANS)
         self.building_db = self.state_db + ".building"
         self.rebuilt_db = self.state_db + ".new"
 
