@@ -5,7 +5,10 @@ driver serves every volume and snapshot again with its data intact."""
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
+import shutil
+import signal
 import sqlite3
 import subprocess
 from collections.abc import Callable
@@ -21,9 +24,9 @@ from csi.backends.local.layout import Layout
 from csi.backends.local.recovery import recover_state
 from csi.backends.local.startup import StateUnusable, check_state
 from csi.failures import FailedPreconditionError
-from tests.conformance.driver import DRIVER, running_driver
+from tests.conformance.driver import DRIVER, Driver, running_driver
 from tests.csiclient import connect
-from tests.reliability.conftest import MiB, read_state
+from tests.reliability.conftest import MiB, fill, read_state
 
 NODE = "sanity-node"
 
@@ -120,6 +123,39 @@ def damage(data_dir: Path, how: Callable[[Path], None]) -> None:
     how(db)
 
 
+def start_refused(tmp_path: Path, data: Path) -> subprocess.CompletedProcess[str]:
+    """Start the driver (controller) on `data`; it must refuse, with exit code 1."""
+    done = subprocess.run(
+        [str(DRIVER), "--endpoint", f"unix://{tmp_path}/csi.sock", "--data-dir", str(data),
+         "--node-id", NODE, "--mode", "controller"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    return done
+
+
+def recover(data: Path, failpoint: str = "", record: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """`ballast-csi recover-state` on `data`, with `failpoint` armed (its kill noted in `record`)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BALLAST_FAILPOINTS")}
+    if failpoint:
+        env.update(BALLAST_FAILPOINTS=failpoint, BALLAST_FAILPOINTS_RECORD=str(record))
+    return subprocess.run(
+        [str(DRIVER), "recover-state", "--data-dir", str(data)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+
+
+def listed(d: Driver) -> set[str]:
+    c = connect(d.endpoint)
+    try:
+        return {e.volume.volume_id for e in c.controller.ListVolumes(csi_pb2.ListVolumesRequest()).entries}
+    finally:
+        c.close()
+
+
 @pytest.mark.parametrize(("how", "says"), DAMAGE)
 def test_refuses_to_start_then_recover_state_restores_every_volume(
     tmp_path: Path, how: Callable[[Path], None], says: str
@@ -128,21 +164,14 @@ def test_refuses_to_start_then_recover_state_restores_every_volume(
     s = seed(data)
     damage(data, how)
 
-    done = subprocess.run(
-        [str(DRIVER), "--endpoint", f"unix://{tmp_path}/csi.sock", "--data-dir", str(data),
-         "--node-id", NODE, "--mode", "controller"],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert done.returncode == 1, done.stderr
+    done = start_refused(tmp_path, data)
     assert f"ballast-csi recover-state --data-dir {data}" in done.stderr
     assert says in done.stderr
     assert "Traceback" not in done.stderr
     assert digests(data) == s.digests, "a refused start must leave every file as it was"
     assert not (tmp_path / "csi.sock").exists()
 
-    rec = subprocess.run(
-        [str(DRIVER), "recover-state", "--data-dir", str(data)], capture_output=True, text=True, timeout=60
-    )
+    rec = recover(data)
     assert rec.returncode == 0, rec.stderr
     assert "3 volume(s)" in rec.stdout and "3 snapshot(s)" in rec.stdout
     assert digests(data) == s.digests
@@ -251,3 +280,127 @@ def test_check_state_only_refuses_what_cannot_be_trusted(
             check_state(Layout(str(data)))
     else:
         check_state(Layout(str(data)))
+
+
+# (failpoint, whether state.db is still the old database after the kill)
+INTERRUPTED = [
+    pytest.param("recover.volume-recorded@2", True, id="between-commits-of-the-rebuild"),
+    pytest.param("recover.built", True, id="built-not-yet-in-place"),
+    pytest.param("recover.old-kept", False, id="old-kept-aside-new-not-yet-in-place"),
+]
+
+
+@pytest.mark.parametrize(("failpoint", "old_in_place"), INTERRUPTED)
+def test_an_interrupted_recover_state_loses_nothing_and_a_second_run_completes_it(
+    tmp_path: Path, failpoint: str, old_in_place: bool
+) -> None:
+    """Killed anywhere, recover-state leaves the old database (or none, which the driver refuses): a
+    driver started then keeps every file, and running it again rebuilds every name."""
+    data = tmp_path / "data"
+    s = seed(data)
+    before = read_state(data)
+    record = tmp_path / "killed"
+    cut = recover(data, failpoint, record)
+    assert cut.returncode == -signal.SIGKILL, cut.stdout + cut.stderr
+    assert record.read_text().split()[0] == failpoint.partition("@")[0]
+    if old_in_place:
+        assert read_state(data) == before
+        with running_driver(tmp_path, "--mode", "controller", data_dir=data) as d:
+            assert listed(d) == set(s.volumes.values())
+    else:
+        assert not (data / "state.db").exists()
+        assert "missing or empty" in start_refused(tmp_path, data).stderr
+    assert digests(data) == s.digests, "every file stays where it was"
+    assert not (data / "orphans").exists()
+
+    done = recover(data)
+    assert done.returncode == 0, done.stderr
+    assert "3 volume(s) (3 with their original names), 3 snapshot(s), 1 group snapshot(s)" in done.stdout
+    assert read_state(data) == before
+    assert not (data / "state.db.building").exists() and not (data / "state.db.new").exists()
+
+
+def test_recover_state_on_a_full_filesystem_fails_and_leaves_the_old_state(small_fs: Path) -> None:
+    """Out of space part-way through the rebuild: an error, the old database untouched, and once space
+    is freed the driver serves every volume."""
+    data = small_fs / "data"
+    s = seed(data)
+    b = LocalBackend.open(str(data), node_id=NODE)
+    try:  # enough records that the rebuild's writes outgrow what is left
+        more = {b.create_volume(f"blank-{i}", DiskOptions(size_bytes=MiB)).id for i in range(100)}
+    finally:
+        b.close()
+    before, files_before = read_state(data), digests(data)
+    filler = fill(small_fs, leave=128 * 1024)
+    rec = recover(data)
+    assert rec.returncode == 1, rec.stdout
+    assert "full" in rec.stderr and "Traceback" not in rec.stderr
+    assert read_state(data) == before
+    assert not (data / "state.db.building").exists()
+    filler.unlink()
+    with running_driver(small_fs.parent / "run", "--mode", "controller", data_dir=data) as d:
+        assert listed(d) == set(s.volumes.values()) | more
+    assert digests(data) == files_before
+
+
+def test_two_recoveries_in_one_second_keep_both_old_databases(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    seed(data)
+    second = lambda: 1_800_000_000.0  # noqa: E731 -- both runs in one second
+    first = recover_state(str(data), now=second).kept_as
+    assert first is not None
+    kept = Path(first).read_bytes()
+    again = recover_state(str(data), now=second).kept_as
+    assert again is not None and again != first
+    assert Path(first).read_bytes() == kept, "the first kept database was replaced"
+    assert Path(again).exists()
+
+
+def test_an_older_state_db_keeps_the_newer_volumes_in_the_quarantine(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """state.db restored from a copy older than the files: start-up moves the newer files that hold data
+    to orphans/ (logged), and moving them back and running recover-state serves them again."""
+    data = tmp_path / "data"
+    s = seed(data)
+    older = tmp_path / "older.db"
+
+    def save(db: Path) -> None:
+        shutil.copy2(db, older)
+
+    def restore(db: Path) -> None:
+        shutil.copy2(older, db)
+
+    damage(data, save)  # a copy of the database as it is now (checkpointed: one file)
+    b = LocalBackend.open(str(data), node_id=NODE)
+    try:
+        newer = {
+            b.create_volume(f"new-{i}", DiskOptions(size_bytes=MiB)).id: f"new-{i}".encode() for i in range(2)
+        }
+        blank = b.create_volume("new-blank", DiskOptions(size_bytes=MiB)).id
+        for vid, payload in newer.items():
+            with open(data / "volumes" / f"{vid}.img", "r+b") as f:
+                f.write(payload)
+        snap = b.create_snapshot("new-snap", next(iter(newer)), {}).id
+    finally:
+        b.close()
+    damage(data, restore)
+
+    with caplog.at_level(logging.WARNING, logger="ballast.local"):
+        LocalBackend.open(str(data), node_id=NODE).close()
+    orphans = data / "orphans"
+    for vid, payload in newer.items():
+        assert (orphans / "volumes" / f"{vid}.img").read_bytes()[: len(payload)] == payload
+    assert (orphans / "snapshots" / f"{snap}.img").exists()
+    assert not (data / "volumes" / f"{blank}.img").exists(), "a file that holds nothing is removed"
+    warned = " ".join(r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
+    for vid in (*newer, blank):
+        assert str(data / "volumes" / f"{vid}.img") in warned
+    assert digests(data) == s.digests, "the older database's own files are untouched"
+
+    for sub in ("volumes", "snapshots"):  # the way back, as docs/recovery.md says
+        for p in (orphans / sub).iterdir():
+            p.rename(data / sub / p.name)
+    recover_state(str(data))
+    assert set(read_state(data).volume_rows) == set(s.volumes.values()) | set(newer)
+    assert snap in read_state(data).snapshot_rows

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from pathlib import Path
 from typing import Any
@@ -400,14 +401,18 @@ def test_group_snapshot_members_share_an_instant_and_delete_together(data: Path,
     assert os.listdir(data / "snapshots") == []
 
 
+def _blank(path: Path) -> None:
+    with open(path, "wb") as f:
+        f.truncate(MiB)  # what an interrupted blank create leaves: a sparse file, no data extent
+
+
 def test_reconcile_removes_orphans_grows_torn_expands_and_flags_missing_files(data: Path) -> None:
     be = open_backend(data)
     kept = be.create_volume("kept", DiskOptions(size_bytes=2 * MiB))
     gone = be.create_volume("gone", DiskOptions(size_bytes=MiB))
     be.close()
-    orphan = data / "volumes" / ("lv-" + "a" * 32 + ".img")
-    orphan.write_bytes(b"interrupted create")
-    (data / "snapshots" / ("ls-" + "b" * 32 + ".img")).write_bytes(b"x")
+    _blank(data / "volumes" / ("lv-" + "a" * 32 + ".img"))  # an interrupted blank create
+    (data / "snapshots" / ("ls-" + "b" * 32 + ".img")).write_bytes(b"")
     store = Store(str(data / "state.db"))
     Ledger(store).begin_growth(kept.id, MiB)  # an expand from 1 MiB recorded, the file not yet grown
     store.close()
@@ -422,6 +427,82 @@ def test_reconcile_removes_orphans_grows_torn_expands_and_flags_missing_files(da
         (Status.INACCESSIBLE, "BackingFileMissing")
     ]
     be.close()
+
+
+# (directory, file name, how the orphan is made, where it ends up: "removed", "orphans" or "in place")
+ORPHANS = [
+    pytest.param("volumes", "lv-" + "a" * 32 + ".img", _blank, "removed", id="blank-volume-file"),
+    pytest.param("snapshots", "ls-" + "a" * 32 + ".img", _blank, "removed", id="blank-snapshot-file"),
+    pytest.param(
+        "volumes", "lv-" + "b" * 32 + ".img", lambda p: p.write_bytes(b"user data"), "orphans",
+        id="volume-file-with-data",
+    ),
+    pytest.param(
+        "snapshots", "ls-" + "b" * 32 + ".img", lambda p: p.write_bytes(b"user data"), "orphans",
+        id="snapshot-file-with-data",
+    ),
+    pytest.param("volumes", "notes.txt", lambda p: p.write_bytes(b"not ours"), "orphans", id="stray-file"),
+    pytest.param(
+        "snapshots", ".reflink-probe-1-a", lambda p: p.write_bytes(bytes(4096)), "removed",
+        id="reflink-probe-scratch",
+    ),
+    pytest.param("volumes", "lost+found", lambda p: p.mkdir(), "in place", id="a-directory"),
+    pytest.param(
+        "volumes", "lv-" + "c" * 32 + ".img", lambda p: p.symlink_to("/dev/null"), "in place", id="a-symlink"
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("sub", "name", "make", "ends"), ORPHANS)
+def test_reconcile_removes_orphans_without_data_and_quarantines_the_others(
+    data: Path,
+    caplog: pytest.LogCaptureFixture,
+    sub: str,
+    name: str,
+    make: Callable[[Path], object],
+    ends: str,
+) -> None:
+    """A file without a record that holds data may be a volume the database forgot: start-up moves it
+    to orphans/ and says so; only one that holds nothing is removed."""
+    open_backend(data).close()
+    orphan = data / sub / name
+    make(orphan)
+    before = orphan.read_bytes() if ends == "orphans" else b""
+    with caplog.at_level(logging.WARNING, logger="ballast.local"):
+        open_backend(data).close()
+    quarantined = data / "orphans" / sub / name
+    assert (os.path.lexists(orphan), quarantined.exists()) == {
+        "removed": (False, False), "orphans": (False, True), "in place": (True, False)
+    }[ends]  # fmt: skip
+    logged = [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno == logging.WARNING and str(orphan) in r.getMessage()
+    ]
+    if ends == "orphans":
+        assert quarantined.read_bytes() == before
+        assert logged and f"moved {orphan} to {quarantined}" in logged[0] and "holds data" in logged[0]
+    elif ends == "removed":
+        assert logged and logged[0].startswith(f"removed {orphan}")
+    else:
+        assert not logged
+
+
+def test_the_quarantine_never_replaces_a_file_and_finishes_a_cut_move(data: Path) -> None:
+    name = "lv-" + "d" * 32 + ".img"
+    open_backend(data).close()
+    (data / "orphans" / "volumes").mkdir(parents=True)
+    (data / "orphans" / "volumes" / name).write_bytes(b"quarantined earlier")
+    (data / "volumes" / name).write_bytes(b"another file of that name")
+    other = "lv-" + "e" * 32 + ".img"
+    (data / "volumes" / other).write_bytes(b"moved, cut before its old name was removed")
+    os.link(data / "volumes" / other, data / "orphans" / "volumes" / other)
+    open_backend(data).close()
+    assert volume_files(data) == []
+    assert sorted(os.listdir(data / "orphans" / "volumes")) == sorted([other, name, f"{name}.1"])
+    assert (data / "orphans" / "volumes" / name).read_bytes() == b"quarantined earlier"
+    assert (data / "orphans" / "volumes" / f"{name}.1").read_bytes() == b"another file of that name"
+    assert os.stat(data / "orphans" / "volumes" / other).st_nlink == 1
 
 
 def test_node_process_does_not_reconcile(data: Path) -> None:

@@ -22,6 +22,7 @@ from csi.failures import OutOfCapacityError, OutOfRangeError
 FICLONE = 0x40049409  # _IOW(0x94, 9, int)
 _NO_REFLINK = {errno.EOPNOTSUPP, errno.ENOTTY, errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EPERM}
 CHUNK = 8 * 1024 * 1024
+PROBE_PREFIX = ".reflink-probe-"  # can_reflink's scratch files: start-up removes any a crash leaves
 
 
 def _no_space(exc: BaseException, path: str) -> OutOfCapacityError | OutOfRangeError | None:
@@ -159,6 +160,15 @@ def remove(path: str) -> None:
         os.unlink(path)
 
 
+def move_no_replace(src: str, dst: str) -> None:
+    """Give the file `src` the name `dst` instead, never replacing an entry there (FileExistsError, and
+    nothing changes): a hard link, made durable, then the old name removed. A crash in between leaves
+    both names on the one file. Both must be on one filesystem (else OSError EXDEV, nothing changes)."""
+    os.link(src, dst, follow_symlinks=False)
+    sync_dir(os.path.dirname(dst))
+    remove(src)
+
+
 def size_of(path: str) -> int | None:
     """Apparent size of `path`, None when it does not exist."""
     try:
@@ -190,8 +200,8 @@ def free_bytes(directory: str) -> int:
 def can_reflink(directory: str) -> bool:
     """Whether files in `directory` can share blocks (FICLONE): tried on two scratch files there, which
     are removed again (start-up reconciliation removes any a crash leaves)."""
-    src = os.path.join(directory, f".reflink-probe-{os.getpid()}-a")
-    dst = os.path.join(directory, f".reflink-probe-{os.getpid()}-b")
+    src = os.path.join(directory, f"{PROBE_PREFIX}{os.getpid()}-a")
+    dst = os.path.join(directory, f"{PROBE_PREFIX}{os.getpid()}-b")
     try:
         src_fd = os.open(src, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         try:

@@ -6,6 +6,11 @@
     <data-dir>/freeze.sock                  the node plugin's freeze service (freeze_service.py)
     <data-dir>/volumes/lv-<32 hex>.img      one sparse file per volume (vol-<32 hex> standing in for EBS)
     <data-dir>/snapshots/ls-<32 hex>.img    one file per snapshot
+    <data-dir>/orphans/volumes/, snapshots/ files start-up found without a record but holding data
+                                            (startup.reconcile; docs/recovery.md)
+    <data-dir>/state.db.building, .new      recover-state's new database while it is built, then once
+                                            complete, until it replaces state.db (recovery.py)
+    <data-dir>/state.db.broken-<time>[-<n>] an old database recover-state replaced, kept
 
 Group snapshots are `lg-<32 hex>`; paging tokens `lvt-<seq>` (volumes) and `lst-<seq>` (snapshots).
 A string that does not match an id format is never turned into a path: it names nothing we issued.
@@ -30,6 +35,7 @@ EBS_DRIVER_NAME = "ebs.csi.aws.com"
 
 STATE_DB = "state.db"
 RESERVE_FILE = "state.reserve"
+ORPHANS = "orphans"
 LOCK_FILE = "owner.lock"
 FREEZE_SOCKET = "freeze.sock"
 IMAGE_SUFFIX = ".img"
@@ -57,6 +63,9 @@ class Layout:
         self.reserve_file = os.path.join(data_dir, RESERVE_FILE)
         self.lock_file = os.path.join(data_dir, LOCK_FILE)
         self.freeze_socket = os.path.join(data_dir, FREEZE_SOCKET)
+        self.orphans_dir = os.path.join(data_dir, ORPHANS)
+        self.building_db = self.state_db + ".building"
+        self.rebuilt_db = self.state_db + ".new"
 
     def create(self) -> None:
         """Make the data dir and its subdirectories (owner only). Idempotent. A subdirectory a root

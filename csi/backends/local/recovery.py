@@ -1,11 +1,20 @@
 """`ballast-csi recover-state`: rebuild the local backend's state database from the files in a data dir.
 
-`recover_state(data_dir)` rebuilds `state.db` from the backing files it finds. The old database (and its
-WAL) is renamed aside, never deleted; whatever rows can still be read from it (names, creation
-arguments, mutable parameters, snapshot sources, groups, attachments) are kept for files that exist.
-A file nobody can name gets the name `recovered-<id>`. Records whose file is gone are dropped. No
-volume or snapshot file is ever removed or modified. It takes the data dir's owner lock, so it never
-runs beside a driver serving the controller from the same data dir.
+`recover_state(data_dir)` rebuilds `state.db` from the backing files it finds. Whatever rows can still be
+read from the old database (names, creation arguments, mutable parameters, snapshot sources, groups,
+attachments) are kept for files that exist. A file nobody can name gets the name `recovered-<id>`.
+Records whose file is gone are dropped. No volume or snapshot file is ever removed or modified. It takes
+the data dir's owner lock, so it never runs beside a driver serving the controller from the same data
+dir.
+
+The new database is built under another name (`state.db.building`), made single-file and durable, and
+renamed `state.db.new` once complete; only then is the old one (with its WAL) kept under a name nothing
+else has (`state.db.broken-<UTC time>[-<n>]`, hard links: never deleted, never replacing anything) and
+the new one renamed into place. So a run cut short anywhere -- killed, interrupted, out of space --
+leaves `state.db` as it was, or (in the instant between the old database's removal and the rename) no
+`state.db`, which the driver refuses to start on and which the next run completes from `state.db.new`.
+Running it again is always right. The failpoints `recover.volume-recorded`, `recover.built` and
+`recover.old-kept` (docs/recovery.md) kill it at those steps.
 """
 
 from __future__ import annotations
@@ -19,10 +28,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from csi.backends.local import files
 from csi.backends.local.layout import SNAPSHOT_ID, VOLUME_ID, Layout
 from csi.backends.local.startup import lock_data_dir, open_read_only
 from csi.backends.local.state import GroupRow, NameTaken, SnapshotRow, Store
-from csi.failures import FailedPreconditionError
+from csi.failures import DriverError, FailedPreconditionError
+from shim import failpoints
 
 SIDE_FILES = ("-wal", "-shm")
 TABLES = ("volumes", "snapshots", "groups", "attachments")
@@ -69,19 +80,66 @@ def salvage(db: str) -> Salvage:
     return out
 
 
-def _move_aside(db: str, stamp: str) -> str | None:
-    """Rename the database and its WAL/SHM files to `<db>.broken-<stamp>`; returns the new name."""
-    if not os.path.exists(db):
-        for side in SIDE_FILES:  # a WAL without its database is useless to SQLite; keep it anyway
-            if os.path.exists(db + side):
-                os.rename(db + side, f"{db}.broken-{stamp}{side}")
-        return None
-    target = f"{db}.broken-{stamp}"
-    os.rename(db, target)
-    for side in SIDE_FILES:
-        if os.path.exists(db + side):
-            os.rename(db + side, target + side)
-    return target
+def _free_name(db: str, stamp: str) -> str:
+    """`<db>.broken-<stamp>`, with `-2`, `-3`... while that name (or its -wal/-shm) is taken."""
+    n = 1
+    while True:
+        name = f"{db}.broken-{stamp}" + (f"-{n}" if n > 1 else "")
+        if not any(os.path.lexists(name + side) for side in ("", *SIDE_FILES)):
+            return name
+        n += 1
+
+
+def _keep(path: str, target: str) -> None:
+    """Give `path` the name `target` as well (a hard link, which never replaces an entry), leaving it in
+    place; a directory, which cannot be linked, is renamed (`target` was checked free under the lock)."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        if os.path.lexists(target):
+            raise FileExistsError(f"{target} exists")
+        os.rename(path, target)
+    else:
+        os.link(path, target, follow_symlinks=False)
+
+
+def _replace(layout: Layout, stamp: str) -> str | None:
+    """Keep the old database and its -wal/-shm under a free `broken-` name, then remove them (the main
+    file first: without it the driver refuses to start) and rename the complete `state.db.new` into
+    place. Returns the kept name of the old database, None when there was none."""
+    db = layout.state_db
+    present = [side for side in ("", *SIDE_FILES) if os.path.lexists(db + side)]
+    kept = _free_name(db, stamp)
+    for side in present:
+        _keep(db + side, kept + side)
+    files.sync_dir(layout.data_dir)
+    for side in present:
+        files.remove(db + side)  # a stale WAL must not meet the new database
+    failpoints.hit("recover.old-kept")
+    os.rename(layout.rebuilt_db, db)
+    files.sync_dir(layout.data_dir)
+    return kept if "" in present else None
+
+
+def _discard(db: str) -> None:
+    """Remove a database this command was building, with its journals (never the old database)."""
+    for side in ("", *SIDE_FILES, "-journal"):
+        files.remove(db + side)
+
+
+def _single_file(db: str) -> None:
+    """Fold `db`'s WAL into it and switch it to a rollback journal, so the file alone holds every row and
+    can be renamed; then make it durable. The driver turns WAL on again when it opens it."""
+    con = sqlite3.connect(db, isolation_level=None)
+    try:
+        mode = con.execute("PRAGMA journal_mode=DELETE").fetchone()[0]
+    finally:
+        con.close()
+    if mode != "delete":
+        raise sqlite3.OperationalError(f"{db} could not leave WAL mode (it is {mode!r})")
+    fd = os.open(db, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _json(value: Any, default: Any) -> Any:
@@ -102,6 +160,7 @@ class Report:
     dropped: list[str] = field(default_factory=list)
     ignored: list[str] = field(default_factory=list)
     kept_as: str | None = None
+    read_from: str = ""
     problems: list[str] = field(default_factory=list)
 
 
@@ -121,10 +180,28 @@ def recover_state(data_dir: str, now: Callable[[], float] = time.time) -> Report
 
 
 def _rebuild(layout: Layout, now: Callable[[], float]) -> Report:
-    old = salvage(layout.state_db)
-    report = Report(problems=list(old.problems))
-    report.kept_as = _move_aside(layout.state_db, time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now())))
-    store = Store(layout.state_db)
+    _discard(layout.building_db)  # what a run killed while building left; ours, never the old database
+    # no state.db but a complete state.db.new: a run was cut between removing the old database and
+    # renaming its new one into place, and the rows to keep are in the new one
+    source = layout.state_db if os.path.lexists(layout.state_db) else layout.rebuilt_db
+    old = salvage(source)
+    report = Report(read_from=source, problems=list(old.problems))
+    try:
+        _build(layout, old, report)
+        _single_file(layout.building_db)
+    except BaseException:
+        _discard(layout.building_db)
+        raise
+    os.rename(layout.building_db, layout.rebuilt_db)  # replaces only a stale one of our own
+    files.sync_dir(layout.data_dir)
+    failpoints.hit("recover.built")
+    report.kept_as = _replace(layout, time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now())))
+    return report
+
+
+def _build(layout: Layout, old: Salvage, report: Report) -> None:
+    """Fill a new database at `layout.building_db` from the files and what `old` still knows."""
+    store = Store(layout.building_db)
     try:
         vol_ids = _recover_volumes(store, layout.volumes_dir, old, report, VOLUME_ID.fullmatch)
         snap_ids = _recover_snapshots(store, layout.snapshots_dir, old, report, SNAPSHOT_ID.fullmatch)
@@ -142,7 +219,6 @@ def _rebuild(layout: Layout, now: Callable[[], float]) -> Report:
         report.dropped += sorted(f"snapshot {s}" for s in set(old.snapshots) - snap_ids)
     finally:
         store.close()
-    return report
 
 
 def _recover_volumes(
@@ -176,6 +252,7 @@ def _recover_volumes(
         report.volumes += 1
         report.named += bool(name)
         done.add(vid)
+        failpoints.hit("recover.volume-recorded")
     return done
 
 
@@ -218,19 +295,29 @@ def _recover_snapshots(
     return set(rows)
 
 
+_UNFINISHED = "the old database was not replaced and no file was touched; run recover-state again"
+
+
 def run_recover(data_dir: str, out: TextIO = sys.stdout) -> int:
-    """`ballast-csi recover-state`: rebuild, print what happened; 0 on success, 1 with a message."""
+    """`ballast-csi recover-state`: rebuild, print what happened; 0 on success, 1 with a message (nothing
+    is lost then, and a run once the cause is fixed completes the rebuild: see the module doc)."""
     try:
         r = recover_state(data_dir)
-    except (OSError, sqlite3.Error, FailedPreconditionError) as exc:
-        print(f"ballast-csi recover-state: {exc}", file=sys.stderr)
+    except (OSError, sqlite3.Error, DriverError) as exc:
+        print(f"ballast-csi recover-state: {exc}; {_UNFINISHED}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print(f"ballast-csi recover-state: interrupted; {_UNFINISHED}", file=sys.stderr)
+        return 1
+    db = Layout(data_dir).state_db
     print(
-        f"rebuilt {Layout(data_dir).state_db}: {r.volumes} volume(s) ({r.named} with their "
+        f"rebuilt {db}: {r.volumes} volume(s) ({r.named} with their "
         f"original names), {r.snapshots} snapshot(s), {r.groups} group snapshot(s), "
         f"{r.attachments} attachment(s)",
         file=out,
     )
+    if r.read_from != db:
+        print(f"completed an interrupted run: the old rows were read from {r.read_from}", file=out)
     if r.kept_as:
         print(f"the old database is kept as {r.kept_as}", file=out)
     for line in r.problems:

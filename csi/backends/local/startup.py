@@ -11,10 +11,14 @@ volume or snapshot files exist (reconciliation would otherwise remove every file
 changes anything in the data dir.
 
 `reconcile(layout, store)` finishes what a crash interrupted: a backing file is written before its
-record is committed and a record deleted before its file, so files without a record are removed
-(an interrupted create or delete) and files shorter than their record are grown. A file still at the
-size an expand in progress started from (the ledger's growth intent) lost nothing; any other short file
-lost data, and its volume is marked DATA_LOSS (health.py) before it is grown.
+record is committed and a record deleted before its file, so a file without a record is left by an
+interrupted create or delete -- or by a database older than the files (restored from a copy), whose
+files hold volumes someone may still need. So only an orphan that holds no data (an interrupted blank
+create: a sparse file) is removed; one that holds data is moved to `<data-dir>/orphans/` (the
+quarantine, docs/recovery.md), never deleted. Each is logged at WARNING. Files shorter than their record
+are grown: a file still at the size an expand in progress started from (the ledger's growth intent) lost
+nothing; any other short file lost data, and its volume is marked DATA_LOSS (health.py) before it is
+grown.
 
 `prepare_node(layout, serve_freezes)` is the node side's start: it thaws the staged filesystems a killed
 process left frozen in the middle of a group snapshot and, in the split layout, serves the controller's
@@ -23,6 +27,7 @@ freezes (freeze_service.py).
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
@@ -98,7 +103,7 @@ def check_state(layout: Layout) -> None:
         if found:
             raise StateUnusable(
                 f"state database {db} is missing or empty, but the data dir holds {len(found)} volume or "
-                f"snapshot file(s); refusing to start, because they would be taken for orphans and removed; "
+                f"snapshot file(s); refusing to start, because every one would be taken for an orphan; "
                 + _advice(data_dir)
             )
         return
@@ -123,18 +128,20 @@ def check_state(layout: Layout) -> None:
 
 
 def reconcile(layout: Layout, store: Store) -> None:
-    """Remove backing files without a committed record; grow files shorter than their record, marking
-    the ones that lost data. One listing of each directory, one query of the volumes' sizes and one
-    stat of each volume's file: start-up grows with the number of volumes by that much only."""
+    """Remove the files without a committed record that hold no data, quarantine the others (module
+    doc); grow files shorter than their record, marking the ones that lost data. One listing of each
+    directory (and of the quarantine's), one query of the volumes' sizes, one stat of each volume's
+    file and one SEEK_DATA of each orphan: start-up grows with the number of volumes by that much only."""
     sizes = store.volume_sizes()
     for directory, known, pattern in (
         (layout.volumes_dir, sizes.keys(), VOLUME_ID),
         (layout.snapshots_dir, store.snapshot_ids(), SNAPSHOT_ID),
     ):
-        for entry in os.listdir(directory):
-            stem = layout.id_of(entry)
-            if not (entry != stem and pattern.fullmatch(stem) and stem in known):
-                files.remove(os.path.join(directory, entry))
+        with os.scandir(directory) as entries:
+            for entry in entries:
+                stem = layout.id_of(entry.name)
+                if not (entry.name != stem and pattern.fullmatch(stem) and stem in known):
+                    _orphan(layout, entry)
     ledger = Ledger(store)
     growing = ledger.growth()
     for volume_id, recorded in sizes.items():
@@ -148,6 +155,71 @@ def reconcile(layout: Layout, store: Store) -> None:
             except OutOfRangeError:  # an expand past the largest file, torn before its undo
                 store.set_size(volume_id, size)
     ledger.settle()
+    _report_quarantine(layout)
+
+
+def _orphan(layout: Layout, entry: os.DirEntry[str]) -> None:
+    """A file without a record: removed when it holds no data, else quarantined; logged either way.
+    Anything but a regular file (a directory, a symlink) is not ours and is left alone."""
+    if not entry.is_file(follow_symlinks=False):
+        return
+    path, db = entry.path, layout.state_db
+    if entry.name.startswith(files.PROBE_PREFIX):
+        files.remove(path)
+        log.warning("removed %s: a scratch file of the reflink probe, left by a crash", path)
+        return
+    if files.has_no_data(path):
+        files.remove(path)
+        log.warning("removed %s: %s has no record of it, and it holds no data (an interrupted create)",
+                    path, db)  # fmt: skip
+        return
+    try:
+        where = _quarantine(layout, path)
+    except OSError as exc:
+        log.warning("kept %s in place: %s has no record of it, it holds data, and it cannot be moved to "
+                    "%s (%s); see docs/recovery.md", path, db, layout.orphans_dir, exc)  # fmt: skip
+        return
+    log.warning(
+        "moved %s to %s: %s has no record of it but it holds data (an interrupted copy or delete, or a "
+        "volume the database does not know: was it restored from an older copy?); see docs/recovery.md",
+        path,
+        where,
+        db,
+    )
+
+
+def _quarantine(layout: Layout, path: str) -> str:
+    """Move `path` (in volumes/ or snapshots/) to the same-named subdirectory of the quarantine; returns
+    its new path. Never replaces a quarantined file: a name taken by another file gets a `.<n>` suffix."""
+    directory = os.path.join(layout.orphans_dir, os.path.basename(os.path.dirname(path)))
+    ownership.make_dir(layout.orphans_dir, 0o700, layout.data_dir)
+    ownership.make_dir(directory, 0o700, layout.data_dir)
+    name, n = os.path.basename(path), 0
+    while True:
+        target = os.path.join(directory, f"{name}.{n}" if n else name)
+        try:
+            files.move_no_replace(path, target)
+            return target
+        except FileExistsError:
+            if os.path.samefile(path, target):  # a crash cut an earlier move between its link and unlink
+                files.remove(path)
+                return target
+        n += 1
+
+
+def _report_quarantine(layout: Layout) -> None:
+    """One WARNING while the quarantine holds files, so it cannot fill the disk unnoticed."""
+    held = 0
+    for sub in ("volumes", "snapshots"):
+        with contextlib.suppress(FileNotFoundError):
+            held += len(os.listdir(os.path.join(layout.orphans_dir, sub)))
+    if held:
+        log.warning(
+            "%s holds %d file(s) without a record, kept because they hold data: move them back or "
+            'delete them (docs/recovery.md, "Files without a record")',
+            layout.orphans_dir,
+            held,
+        )
 
 
 def prepare_node(layout: Layout, serve_freezes: bool) -> FreezeServer | None:
