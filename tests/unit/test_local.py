@@ -521,6 +521,34 @@ def test_delete_refuses_a_volume_whose_file_a_loop_device_holds(
     be.close()
 
 
+@pytest.mark.parametrize(
+    ("bound", "recorded", "expected"),
+    [
+        pytest.param("", True, None, id="nothing-bound"),
+        pytest.param("file", True, "/dev/loop3", id="known-volume"),
+        pytest.param("file", False, "/dev/loop3", id="record-gone-file-kept"),
+        pytest.param("unlinked", False, "/dev/loop3", id="record-gone-file-unlinked"),
+        pytest.param("other-file", False, None, id="another-files-device-is-not-its"),
+    ],
+)
+def test_leftover_device_is_found_by_the_volumes_file_path_without_its_record(
+    data: Path, bound: str, recorded: bool, expected: str | None
+) -> None:
+    loop = FakeLoop()
+    be = open_backend(data, loop=loop)
+    vol = be.create_volume("v", DiskOptions(size_bytes=MiB))
+    path = be.volume_path(vol.id)
+    backing = {"file": path, "unlinked": path + UNLINKED, "other-file": path + ".other"}.get(bound)
+    if backing:
+        loop.devices["/dev/loop3"] = backing
+    if not recorded:
+        be.store.delete_volume(vol.id)
+    assert be.leftover_device(vol.id) == expected
+    with pytest.raises(failures.NotFoundError):
+        be.leftover_device("not-an-id")
+    be.close()
+
+
 def test_node_identity_reports_topology(data: Path) -> None:
     be = open_backend(data, region="r1", node_id="n7")
     ident = be.node_identity()

@@ -387,5 +387,11 @@ class LocalBackend(LocalReporting, SnapshotOperations, Backend):
         """The backing file has no data extent at all (SEEK_DATA finds none): every byte reads zero."""
         return files.has_no_data(self.volume_path(volume_id))
 
+    def leftover_device(self, volume_id: str) -> str | None:
+        """The loop device still bound over the volume's file path, or over a file since unlinked from
+        it, whatever the record says (it may be gone); binds nothing."""
+        users = self._devices.users(self.volume_path(volume_id))
+        return users[0] if users else None
+
     def release_device(self, volume_id: str) -> None:
         self._devices.release(self.volume_path(volume_id))
