@@ -5,9 +5,11 @@ Contracts:
   one (LOOP_CTL_GET_FREE + LOOP_CONFIGURE; autoclear off, direct I/O off, partition scan on). Idempotent.
 - `bound(file)` is the device already bound to `file`, or None; it never binds one. `backed_by(path)`
   answers the same from sysfs without opening a device (for unprivileged processes), `backed_under(dir)`
-  for every file in a directory.
-- `detach_file(file)` unbinds every loop device backed by `file`. Idempotent: none -> no-op. A device
-  still open elsewhere (mounted) is unbound by the kernel when its last user closes it.
+  for every file in a directory. A backing file unlinked while bound keeps its device: sysfs then names
+  it `<path> (deleted)`, which `backed_by(path, unlinked=True)` also finds.
+- `detach_file(file)` unbinds every loop device backed by `file`, and every one bound to a file since
+  unlinked from that path. Idempotent: none -> no-op. A device still open elsewhere (mounted) is unbound
+  by the kernel when its last user closes it.
 - `maps(dev, file)` is True when `dev` is bound to `file` itself (the same inode, not merely the same
   path name), read with one ioctl.
 - `backing_file(dev)` / `device_size(dev)` / `refresh_capacity(dev)` inspect or resize one device
@@ -49,6 +51,7 @@ LO_NAME_SIZE = 64
 LOOP_CONTROL = "/dev/loop-control"
 SYS_BLOCK = "/sys/block"
 _LOOP_NAME = re.compile(r"^loop\d+$")
+UNLINKED = " (deleted)"  # what the kernel appends to the name of a backing file unlinked while bound
 _CONFIGURE_RETRIES = 16
 
 __all__ = [
@@ -199,11 +202,18 @@ def bound(backing_file: str) -> str | None:
     return existing[0] if existing else None
 
 
-def backed_by(path: str) -> list[str]:
-    """Bound loop devices whose backing file, as sysfs names it, is `path`. Needs no privilege (it opens
-    no device), so a non-root process can tell whether a file is in use through a loop device."""
+def backed_by(path: str, *, unlinked: bool = False) -> list[str]:
+    """Bound loop devices whose backing file, as sysfs names it, is `path`; with `unlinked`, also those
+    whose file has since been unlinked from `path`. Needs no privilege (it opens no device), so a
+    non-root process can tell whether a file is in use through a loop device."""
     real = os.path.realpath(path)
-    return [d for d in _bound_devices() if backing_file(d) == real]
+    names = {real, real + UNLINKED} if unlinked else {real}
+    return [d for d in _bound_devices() if backing_file(d) in names]
+
+
+def _named(name: str) -> list[str]:
+    """Bound loop devices whose backing file sysfs names exactly `name`."""
+    return [d for d in _bound_devices() if backing_file(d) == name]
 
 
 def backed_under(directory: str) -> list[str]:
@@ -315,22 +325,31 @@ def _losetup(*args: str, doing: str) -> str:
 
 
 def detach_file(backing_file: str) -> None:
-    """Unbind every loop device backed by `backing_file`. Missing file or none bound -> no-op."""
+    """Unbind every loop device backed by `backing_file`, or by a file unlinked from that path while
+    bound (found by the name sysfs gives it, checked again once the device is open). None bound -> no-op."""
     with _lock:
         try:
             st = os.stat(backing_file)
         except FileNotFoundError:
-            return
-        for device in _devices_for(st):
-            _detach_device(device)
+            pass
+        else:
+            for device in _devices_for(st):
+                _detach_device(device)
+        gone = os.path.realpath(backing_file) + UNLINKED
+        for device in _named(gone):
+            _detach_device(device, gone)
 
 
-def _detach_device(device: str) -> None:
+def _detach_device(device: str, name: str | None = None) -> None:
+    """Unbind `device`; with `name`, only while sysfs still names its backing file so (the device is
+    open meanwhile, so it cannot be rebound to another file in between)."""
     try:
         fd = os.open(device, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
         return
     try:
+        if name is not None and backing_file(device) != name:
+            return
         fcntl.ioctl(fd, LOOP_CLR_FD, 0)
     except OSError as exc:
         if exc.errno == errno.ENXIO:  # already unbound
@@ -344,7 +363,8 @@ def _detach_device(device: str) -> None:
 
 
 def backing_file(device: str) -> str | None:
-    """Path of the file behind `device` (from sysfs, which is not truncated); None when unbound."""
+    """Path of the file behind `device` (from sysfs, which is not truncated); None when unbound, also
+    when it is being unbound meanwhile (sysfs then answers ENODEV): scans of every device meet those."""
     name = os.path.basename(os.path.realpath(device))
     path = os.path.join(SYS_BLOCK, name, "loop", "backing_file")
     try:
@@ -352,6 +372,10 @@ def backing_file(device: str) -> str | None:
             value = fh.read().rstrip("\n")
     except (FileNotFoundError, NotADirectoryError):
         return None
+    except OSError as exc:
+        if exc.errno in (errno.ENODEV, errno.ENXIO):
+            return None
+        raise
     return value or None
 
 

@@ -10,6 +10,8 @@ picks up where the previous one stopped. Contracts (CSI spec):
   mounted -> OK.
 - Only the named volume is touched: unstage leaves a path that holds another volume (or none of this
   one) as it is; publish from a staging path that holds another volume -> FailedPreconditionError.
+- Unstage is the reverse of stage also for a volume the backend no longer knows (deleted while staged,
+  after a CO force-detached it): Backend.leftover_device proves which device it left on this host.
 - A device is formatted only when blkid finds neither a filesystem nor a partition table, and never
   while its filesystem is mounted or a pod has its device node; a device is released only when no
   mount, device-node bind or block staging uses it (a published block volume is not unstaged).
@@ -288,14 +290,17 @@ class Stager:
 
     def unstage(self, volume_id: str, staging: str) -> None:
         """Unmount the volume's filesystem from the staging path (every stacked mount) and release the
-        device. Spec: not staged at this path -> OK, and what is mounted there (another volume) or the
-        volume's staging elsewhere is left alone. Still published -> FailedPreconditionError."""
+        device; spec: "the reverse of NodeStageVolume", also for a volume the backend no longer knows.
+        Not staged at this path -> OK, and what is mounted there (another volume) or the volume's staging
+        elsewhere is left alone. Still published -> FailedPreconditionError."""
         with os_failures():
             try:
                 device = self._backend.prepared_device(volume_id)
             except NotFoundError:
                 device = None
-            if device is None:  # unknown here, or never prepared: nothing of it is staged
+            if device is None:  # unknown now (deleted while staged) or its storage went: what it left
+                device = self._backend.leftover_device(volume_id)
+            if device is None:  # never prepared here, or released: nothing of it is staged
                 self._forget(volume_id)
                 return
             with self._lock:

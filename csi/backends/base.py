@@ -337,6 +337,14 @@ class Backend(Reporting, abc.ABC):
         except NotFoundError:
             return None
 
+    def leftover_device(self, volume_id: str) -> str | None:
+        """The device this host still holds for `volume_id` when prepared_device names none: the backend
+        no longer knows the volume (deleted while staged, its record lost) or its storage went from
+        under the stage. NodeUnstageVolume undoes such a stage with it, so it must be provably this
+        volume's device (a guess would unmount another volume); never prepares one. None when there is
+        none or the backend cannot tell (the default)."""
+        return None
+
     def never_written(self, volume_id: str) -> bool:
         """True only when the backend can prove that no byte of the volume was ever written, so that no
         filesystem or partition table can be on it and a stage may format it without probing the

@@ -194,7 +194,9 @@ def force_clean(tmp: Path, data_dir: Path) -> None:
                 break
     for dev in loops:
         backing = loop.backing_file(dev)
-        if backing:
+        if backing and backing.endswith(" (deleted)"):  # unlinked while bound: detach it by name
+            subprocess.run(["losetup", "-d", dev], check=False)
+        elif backing:
             loop.detach_file(backing)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -104,6 +105,22 @@ def test_detach_is_idempotent(backing: str) -> None:
     loop.detach_file(backing)
     assert loop.backing_file(device) != backing
     loop.detach_file(backing)
+
+
+def test_a_file_unlinked_while_bound_is_found_and_detached_by_the_path_it_had(backing: str) -> None:
+    """A volume deleted while staged: its device outlives the file, and only sysfs still names it."""
+    device = loop.attach(backing)
+    os.unlink(backing)
+    try:
+        assert loop.backing_file(device) == backing + loop.UNLINKED
+        assert loop.backed_by(backing) == [] and loop.backed_by(backing, unlinked=True) == [device]
+        loop.detach_file(backing)
+        assert loop.backed_by(backing, unlinked=True) == [], "detached"
+        loop.detach_file(backing)  # idempotent
+    finally:
+        if loop.backing_file(device) == backing + " (deleted)":  # only this device, still over that file
+            subprocess.run(["losetup", "-d", device], check=False)
+        open(backing, "wb").close()  # for the fixture's own check
 
 
 def test_attach_of_a_missing_file_is_not_found(tmp_path: Path) -> None:

@@ -24,6 +24,7 @@ GiB, MiB = base.GiB, base.MiB
 DRIVER = "local.csi.ballast.dev"
 ZONE_KEY = keys.topology_zone_key(DRIVER)
 REGION_KEY = keys.topology_region_key(DRIVER)
+UNLINKED = " (deleted)"  # what sysfs appends to the name of a backing file unlinked while bound
 
 
 class FakeLoop:
@@ -53,6 +54,10 @@ class FakeLoop:
 
     def backing_file(self, device: str) -> str | None:
         return self.lie or self.devices.get(device)
+
+    def backed_by(self, path: str, *, unlinked: bool = False) -> list[str]:
+        names = {path, path + UNLINKED} if unlinked else {path}
+        return [d for d, p in self.devices.items() if p in names]
 
     def maps(self, device: str, backing_file: str) -> bool:
         return self.backing_file(device) == backing_file
@@ -558,6 +563,70 @@ def test_prepared_device_binds_nothing(data: Path) -> None:
             be.prepared_device(unknown)
     be.release_device(vol.id)
     assert be.prepared_device(vol.id) is None and loop.devices == {}
+    be.close()
+
+
+@pytest.mark.parametrize(
+    ("bound", "recorded", "refused"),
+    [
+        pytest.param("", True, None, id="unbound-is-deleted"),
+        pytest.param("file", True, failures.FailedPreconditionError, id="bound-over-its-file-is-refused"),
+        pytest.param(
+            "unlinked", True, failures.FailedPreconditionError, id="bound-over-its-unlinked-file-is-refused"
+        ),
+        pytest.param("other-file", True, None, id="another-files-device-does-not-count"),
+        pytest.param("file", False, failures.NotFoundError, id="already-deleted-is-not-found"),
+    ],
+)
+def test_delete_refuses_a_volume_whose_file_a_loop_device_holds(
+    data: Path, bound: str, recorded: bool, refused: type[Exception] | None
+) -> None:
+    """A force-detached volume is still staged on the node: its loop device is the local attachment."""
+    loop = FakeLoop()
+    be = open_backend(data, loop=loop)
+    vol = be.create_volume("v", DiskOptions(size_bytes=MiB))
+    path = be.volume_path(vol.id)
+    backing = {"file": path, "unlinked": path + UNLINKED, "other-file": path + ".other"}.get(bound)
+    if backing:
+        loop.devices["/dev/loop7"] = backing
+    if not recorded:
+        be.store.delete_volume(vol.id)
+    if refused is None:
+        be.delete_volume(vol.id)
+        assert not os.path.exists(path)
+    else:
+        with pytest.raises(refused, match=r"/dev/loop7.*unstage it" if recorded else "not found"):
+            be.delete_volume(vol.id)
+        assert os.path.exists(path), "the file of a volume in use stays"
+        assert not recorded or be.get_volume(vol.id).id == vol.id, "and so does its record"
+    be.close()
+
+
+@pytest.mark.parametrize(
+    ("bound", "recorded", "expected"),
+    [
+        pytest.param("", True, None, id="nothing-bound"),
+        pytest.param("file", True, "/dev/loop3", id="known-volume"),
+        pytest.param("file", False, "/dev/loop3", id="record-gone-file-kept"),
+        pytest.param("unlinked", False, "/dev/loop3", id="record-gone-file-unlinked"),
+        pytest.param("other-file", False, None, id="another-files-device-is-not-its"),
+    ],
+)
+def test_leftover_device_is_found_by_the_volumes_file_path_without_its_record(
+    data: Path, bound: str, recorded: bool, expected: str | None
+) -> None:
+    loop = FakeLoop()
+    be = open_backend(data, loop=loop)
+    vol = be.create_volume("v", DiskOptions(size_bytes=MiB))
+    path = be.volume_path(vol.id)
+    backing = {"file": path, "unlinked": path + UNLINKED, "other-file": path + ".other"}.get(bound)
+    if backing:
+        loop.devices["/dev/loop3"] = backing
+    if not recorded:
+        be.store.delete_volume(vol.id)
+    assert be.leftover_device(vol.id) == expected
+    with pytest.raises(failures.NotFoundError):
+        be.leftover_device("not-an-id")
     be.close()
 
 

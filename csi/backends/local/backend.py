@@ -275,8 +275,20 @@ class LocalBackend(LocalReporting, SnapshotOperations, Backend):
         return self._disk(row, attachments=())  # new: attached nowhere yet
 
     def delete_volume(self, volume_id: str) -> None:
+        """Already deleted -> NotFoundError (DeleteVolume answers OK). Still published, or its file still
+        bound to a loop device -> FailedPreconditionError: the loop device is this backend's attachment
+        on its host, which a force-detach (ControllerUnpublishVolume without NodeUnstageVolume) leaves in
+        place, and unlinking the file under it would leave a filesystem mounted over a deleted file (EBS
+        refuses to delete an attached volume alike: VolumeInUse)."""
         path = self.volume_path(volume_id)
         with self._locks.hold(volume_id):
+            users = self._devices.users(path)
+            if users:
+                self._row(volume_id)  # a volume already deleted is not in use: NotFoundError
+                raise FailedPreconditionError(
+                    f"the file of volume {volume_id} is still in use by {', '.join(users)}: the volume is "
+                    "still staged on the node; unstage it there (NodeUnstageVolume), then delete it"
+                )
             self.store.delete_volume(volume_id)
             failpoints.hit("local.delete.recorded")
             files.remove(path)
@@ -378,6 +390,12 @@ class LocalBackend(LocalReporting, SnapshotOperations, Backend):
     def never_written(self, volume_id: str) -> bool:
         """The backing file has no data extent at all (SEEK_DATA finds none): every byte reads zero."""
         return files.has_no_data(self.volume_path(volume_id))
+
+    def leftover_device(self, volume_id: str) -> str | None:
+        """The loop device still bound over the volume's file path, or over a file since unlinked from
+        it, whatever the record says (it may be gone); binds nothing."""
+        users = self._devices.users(self.volume_path(volume_id))
+        return users[0] if users else None
 
     def release_device(self, volume_id: str) -> None:
         self._devices.release(self.volume_path(volume_id))

@@ -2,8 +2,10 @@
 
 `resolve` attaches (or reuses) a loop device, refreshes its size when the file grew, and proves the
 device maps that file (the same inode) before returning it; `prepared` does the same for a device
-already bound, binding nothing; `release` detaches every loop device over the file. The loop module
-is injectable (csi.loop by default, imported on first use) so unit tests need no root.
+already bound, binding nothing; `release` detaches every loop device over the file. `users` names the
+devices bound over the file's path, or over a file unlinked from it while bound (a volume deleted while
+staged); reading sysfs, it needs no privilege. The loop module is injectable (csi.loop by default,
+imported on first use) so unit tests need no root.
 """
 
 from __future__ import annotations
@@ -58,6 +60,11 @@ class LoopDevices:
             raise FailedPreconditionError(f"loop device {device} maps {backing!r}, not volume {volume_id}")
         return device
 
+    def users(self, path: str) -> list[str]:
+        """Loop devices bound over the file at `path`, or over a file since unlinked from it, by the name
+        the kernel gives their backing file; binds nothing."""
+        return list(self._module().backed_by(path, unlinked=True))
+
     def release(self, path: str) -> None:
-        """Detach every loop device over `path`. Idempotent."""
+        """Detach every loop device over `path`, or over a file since unlinked from it. Idempotent."""
         self._module().detach_file(path)

@@ -1,0 +1,65 @@
+"""csi/loop.py's sysfs reading, over a fake /sys/block (no root): which bound devices a path names."""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from csi import loop
+
+FILE = "/nonexistent-ballast/volumes/lv-1.img"  # no symlink on the way: realpath keeps it
+
+
+@pytest.fixture
+def sysfs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """/sys/block with loop0 over FILE, loop1 over FILE unlinked while bound, loop2 over a file whose
+    name starts like FILE's, loop3 unbound (no loop/ directory), and a disk that is no loop device."""
+    for name, backing in (
+        ("loop0", FILE),
+        ("loop1", FILE + " (deleted)"),  # as the kernel names a file unlinked while bound
+        ("loop2", FILE + ".old"),
+        ("loop3", None),
+        ("sda", None),
+    ):
+        device = tmp_path / name
+        device.mkdir()
+        if backing is not None:
+            (device / "loop").mkdir()
+            (device / "loop" / "backing_file").write_text(backing + "\n")
+    monkeypatch.setattr(loop, "SYS_BLOCK", str(tmp_path))
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    ("path", "unlinked", "expected"),
+    [
+        pytest.param(FILE, False, ["/dev/loop0"], id="the-file-at-the-path"),
+        pytest.param(FILE, True, ["/dev/loop0", "/dev/loop1"], id="and-one-unlinked-from-it"),
+        pytest.param(FILE + ".old", True, ["/dev/loop2"], id="a-longer-name-is-another-file"),
+        pytest.param("/nonexistent-ballast/volumes/lv-2.img", True, [], id="an-unbound-path"),
+    ],
+)
+def test_backed_by_finds_devices_by_the_name_sysfs_gives_their_file(
+    sysfs: Path, path: str, unlinked: bool, expected: list[str]
+) -> None:
+    assert loop.backed_by(path, unlinked=unlinked) == expected
+
+
+def test_a_device_unbound_while_a_scan_reads_it_counts_as_unbound(
+    sysfs: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another process detaches loop0 between the listing and the read: sysfs answers ENODEV."""
+    real_open = open
+
+    def racing_open(path: str, *args: Any, **kwargs: Any) -> Any:
+        if path == str(sysfs / "loop0" / "loop" / "backing_file"):
+            raise OSError(errno.ENODEV, os.strerror(errno.ENODEV))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "open", racing_open, raising=False)  # the name csi.loop looks up first
+    assert loop.backing_file("/dev/loop0") is None
+    assert loop.backed_by(FILE, unlinked=True) == ["/dev/loop1"]
