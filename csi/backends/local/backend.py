@@ -5,9 +5,10 @@ Ids are generated in a fixed format and checked on every call: anything else is 
 any file is touched.
 
 Durability: a backing file is written before its record is committed, and a record is deleted before its
-file, so start-up reconciliation (startup.reconcile) can remove files without a record (an interrupted
-create or delete) and grow files shorter than their record (an interrupted expand, or lost data, which
-health.py then reports). A record whose file vanished is reported INACCESSIBLE.
+file, so start-up reconciliation (startup.reconcile) can clear away files without a record (an
+interrupted create or delete: removed when blank, else quarantined) and grow files shorter than their
+record (an interrupted expand, or lost data, which health.py then reports). A record whose file
+vanished is reported INACCESSIBLE.
 
 Parameters: params.py. Snapshots and group snapshots: snapshots.py. Loop devices (the node side):
 devices.py. What happens before a data dir is served: startup.py. Health and changed blocks:
@@ -244,7 +245,7 @@ class LocalBackend(LocalReporting, SnapshotOperations, Backend):
         volume_id = new_id(self.volume_prefix)
         path = self.volume_path(volume_id)
         written, recorded = contents.CREATE_FAILPOINTS[options.source.kind if options.source else None]
-        # the file first: reconcile removes it if no record follows
+        # the file first: reconcile clears it away if no record follows
         first = contents.file_first(self.layout, path, options, lambda: failpoints.hit(written))
         if first is None:  # a copy: written (and synced) here, outside the shared batch
             contents.write_volume_file(self.layout, self.store, self._locks, path, options)

@@ -34,6 +34,7 @@ import os
 import sqlite3
 import urllib.parse
 
+from csi import loop
 from csi.backends.local import files, ownership
 from csi.backends.local.freeze_service import FreezeServer
 from csi.backends.local.health import Ledger
@@ -164,6 +165,11 @@ def _orphan(layout: Layout, entry: os.DirEntry[str]) -> None:
     if not entry.is_file(follow_symlinks=False):
         return
     path, db = entry.path, layout.state_db
+    held = loop.backed_by(path)
+    if held:  # staged on this host: moving it would hide it from the unstage that releases it
+        log.warning("kept %s in place: %s has no record of it, but %s is bound to it; unstage it on the "
+                    "node, then see docs/recovery.md", path, db, held[0])  # fmt: skip
+        return
     if entry.name.startswith(files.PROBE_PREFIX):
         files.remove(path)
         log.warning("removed %s: a scratch file of the reflink probe, left by a crash", path)
