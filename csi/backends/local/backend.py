@@ -221,7 +221,8 @@ class LocalBackend(LocalReporting, SnapshotOperations, Backend):
         return self._disk(row)
 
     def _check_room(self, options: DiskOptions) -> None:
-        """A requisite segment this data dir serves, and room under --capacity."""
+        """A requisite segment this data dir serves, and room under --capacity (checked again in the
+        transaction that records the volume: this only refuses before a file is made or copied)."""
         self._segment.check_requisite(options.requisite)
         used = self.store.provisioned_bytes() if self.capacity_limit else 0
         if self.capacity_limit and used + options.size_bytes > self.capacity_limit:
@@ -301,12 +302,12 @@ class LocalBackend(LocalReporting, SnapshotOperations, Backend):
             row = self._row(volume_id)
             if size_bytes <= row.size:
                 return row.size
-            if self.capacity_limit:
-                used = self.store.provisioned_bytes()
-                if used - row.size + size_bytes > self.capacity_limit:
-                    raise OutOfRangeError(f"growing to {size_bytes} bytes would exceed the --capacity limit")
             self.health.ledger.begin_growth(volume_id, row.size)  # start-up: a torn expand lost nothing
-            self.store.set_size(volume_id, size_bytes)  # record first: reconcile finishes a torn expand
+            try:  # record first (reconcile finishes a torn expand), checked against --capacity as it is
+                self.store.set_size(volume_id, size_bytes, capacity_limit=self.capacity_limit)
+            except BaseException:
+                self.health.ledger.end_growth(volume_id)  # refused or rolled back: no expand in progress
+                raise
             failpoints.hit("local.expand.recorded")
             try:
                 files.grow(path, size_bytes)
