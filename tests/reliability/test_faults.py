@@ -19,9 +19,9 @@ import pytest
 
 import csi.node
 from csi._proto import csi_pb2
-from csi.backends.base import DiskOptions
+from csi.backends.base import DiskOptions, GiB
 from csi.backends.local import LocalBackend
-from csi.backends.local.files import free_bytes
+from csi.backends.local.files import space
 from csi.backends.local.reserve import RESERVE_BYTES
 from csi.mount import Mounter
 from tests.csiclient import assert_code
@@ -286,7 +286,7 @@ def full(small_fs: Path) -> Iterator[Local]:
 
 def test_full_data_dir_is_resource_exhausted_and_keeps_nothing_half_made(full: Local, small_fs: Path) -> None:
     env = full
-    vid = env.create(24 * MiB, name="full-source")
+    vid = env.create(16 * MiB, name="full-source")  # the clone must fit in what the snapshot leaves free
     digest = write_user_data(volume_file(env, vid), 16 * MiB)
     filler = fill(small_fs)
     before = assert_consistent(env.data_dir)
@@ -296,7 +296,7 @@ def test_full_data_dir_is_resource_exhausted_and_keeps_nothing_half_made(full: L
     assert str(env.data_dir) in message, message
     clone = csi_pb2.CreateVolumeRequest(
         name="full-clone",
-        capacity_range=csi_pb2.CapacityRange(required_bytes=24 * MiB),
+        capacity_range=csi_pb2.CapacityRange(required_bytes=16 * MiB),
         volume_capabilities=[mount_cap()],
         volume_content_source=csi_pb2.VolumeContentSource(
             volume=csi_pb2.VolumeContentSource.VolumeSource(volume_id=vid)
@@ -319,41 +319,100 @@ def test_full_data_dir_is_resource_exhausted_and_keeps_nothing_half_made(full: L
 def test_full_state_database_is_resource_exhausted_and_leaves_no_orphan_file(
     full: Local, small_fs: Path
 ) -> None:
-    """With not a block left, even an empty (sparse) volume cannot be recorded."""
+    """With not a block left, even an empty (sparse) volume is refused before its file is made (it could
+    never be written), and a change only the state database records cannot be recorded."""
     env = full
-    env.create(8 * MiB, name="fits")
+    vid = env.create(8 * MiB, name="fits")
     filler, pad = fill_up(small_fs)
     before = read_state(env.data_dir)
     names = [f"cannot-fit-{i}" for i in range(3)]
-    refused = 0
     for name in names:
-        req = csi_pb2.CreateVolumeRequest(
-            name=name,
-            capacity_range=csi_pb2.CapacityRange(required_bytes=8 * MiB),
-            volume_capabilities=[mount_cap()],
+        message = assert_code(
+            env.client.controller.CreateVolume, _create_request(name, 8 * MiB), Code.RESOURCE_EXHAUSTED
         )
+        assert f"{env.data_dir}/volumes has 0 bytes free" in message, message
+    refused = 0
+    for iops in range(100, 103):
+        modify = csi_pb2.ControllerModifyVolumeRequest(volume_id=vid, mutable_parameters={"iops": str(iops)})
         try:
-            env.client.controller.CreateVolume(req, timeout=60)
+            env.client.controller.ControllerModifyVolume(modify, timeout=60)
         except grpc.RpcError as err:
             assert err.code() == Code.RESOURCE_EXHAUSTED, err.details()
             assert f"{env.data_dir} is full" in (err.details() or ""), err.details()
             refused += 1
-    assert refused, "the fault did not happen: every create fitted"
-    after = assert_consistent(env.data_dir)
-    assert set(after.names) >= set(before.names)
+    assert refused, "the fault did not happen: every change was recorded"
+    assert read_state(env.data_dir).names == before.names
+    assert_consistent(env.data_dir)
 
     filler.unlink()
     pad.unlink()
     for name in names:
-        env.client.controller.CreateVolume(
-            csi_pb2.CreateVolumeRequest(
-                name=name,
-                capacity_range=csi_pb2.CapacityRange(required_bytes=8 * MiB),
-                volume_capabilities=[mount_cap()],
-            ),
-            timeout=60,
-        )
+        env.client.controller.CreateVolume(_create_request(name, 8 * MiB), timeout=60)
     assert set(assert_consistent(env.data_dir).names) == {"fits", *names}
+
+
+# ---------------------------------------------------------------------------- room for volumes (--capacity 0)
+
+
+def _create_request(name: str, size: int) -> csi_pb2.CreateVolumeRequest:
+    return csi_pb2.CreateVolumeRequest(
+        name=name,
+        capacity_range=csi_pb2.CapacityRange(required_bytes=size),
+        volume_capabilities=[mount_cap()],
+    )
+
+
+def _capacity(env: Local) -> int:
+    return int(env.client.controller.GetCapacity(csi_pb2.GetCapacityRequest(), timeout=60).available_capacity)
+
+
+@pytest.mark.parametrize(
+    ("expand", "size", "code", "says"),
+    [
+        pytest.param(False, 24 * MiB, Code.RESOURCE_EXHAUSTED, "bytes free", id="create-more-than-is-free"),
+        pytest.param(False, 10 * GiB, Code.OUT_OF_RANGE, "holds", id="create-more-than-the-filesystem"),
+        pytest.param(True, 32 * MiB, Code.OUT_OF_RANGE, "bytes free", id="expand-adding-more-than-is-free"),
+        pytest.param(True, 10 * GiB, Code.OUT_OF_RANGE, "holds", id="expand-past-the-filesystem"),
+    ],
+)
+def test_a_volume_that_could_never_be_filled_is_refused_and_nothing_changes(
+    full: Local, small_fs: Path, expand: bool, size: int, code: grpc.StatusCode, says: str
+) -> None:
+    """Without --capacity, volumes are thin, but what a volume adds must fit in the free space now (the
+    audit's case: a 48 MiB filesystem took five 10 GiB volumes)."""
+    vid = full.create(8 * MiB, name="small")
+    fill(small_fs, leave=16 * MiB)
+    before = assert_consistent(full.data_dir)
+    if expand:
+        grow = csi_pb2.ControllerExpandVolumeRequest(
+            volume_id=vid, capacity_range=csi_pb2.CapacityRange(required_bytes=size)
+        )
+        message = assert_code(full.client.controller.ControllerExpandVolume, grow, code, contains=says)
+    else:
+        message = assert_code(
+            full.client.controller.CreateVolume, _create_request("big", size), code, contains=says
+        )
+    assert str(full.data_dir) in message, message
+    assert assert_consistent(full.data_dir) == before
+    assert full.backend.health.ledger.growth() == {}, "no expand is left in progress"
+
+
+def test_get_capacity_is_the_largest_volume_create_takes_and_volumes_are_thin(
+    full: Local, small_fs: Path
+) -> None:
+    """GetCapacity (what Kubernetes schedules on) and CreateVolume agree. Sparse volumes reserve nothing,
+    so the next volume may be as large again, and together they promise more than the filesystem holds."""
+    fill(small_fs, leave=24 * MiB)
+    room = _capacity(full)
+    assert room % MiB == 0 and 16 * MiB < room <= 24 * MiB
+    assert_code(
+        full.client.controller.CreateVolume, _create_request("over", room + MiB), Code.RESOURCE_EXHAUSTED
+    )
+    for name in ("first", "second", "third"):
+        full.client.controller.CreateVolume(_create_request(name, room), timeout=60)
+        assert _capacity(full) == room
+    st = os.statvfs(small_fs)
+    assert sum(assert_consistent(full.data_dir).volume_rows.values()) == 3 * room > st.f_blocks * st.f_frsize
 
 
 def test_second_stage_path_for_a_staged_volume_is_failed_precondition(local: Local) -> None:
@@ -432,7 +491,7 @@ class Stocked:
         self.env = start_local(self.fs.parent, self.fs / "data")
 
     def free(self) -> int:
-        return free_bytes(str(self.fs))
+        return space(str(self.fs)).free
 
 
 @pytest.fixture

@@ -657,6 +657,64 @@ def test_concurrent_creates_never_exceed_the_capacity_limit(data: Path) -> None:
     be.close()
 
 
+@pytest.mark.parametrize(
+    ("limit", "sizes", "target", "creates", "fitting"),
+    [
+        pytest.param(100 * MiB, [8 * MiB] * 10, 18 * MiB, 0, 2, id="ten-expands-room-for-two"),
+        pytest.param(55 * MiB, [10 * MiB] * 4, 15 * MiB, 0, 3, id="four-expands-three-fill-it-exactly"),
+        pytest.param(101 * MiB, [20 * MiB] * 5, 21 * MiB, 0, 1, id="five-expands-room-for-one"),
+        pytest.param(100 * MiB, [8 * MiB] * 10, 18 * MiB, 5, 2, id="expands-and-creates-room-for-two"),
+    ],
+)
+def test_concurrent_expands_never_exceed_the_capacity_limit(
+    data: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    limit: int,
+    sizes: list[int],
+    target: int,
+    creates: int,
+    fitting: int,
+) -> None:
+    """Every expand (and create) grows the volumes by target - size; only `fitting` of them fit. The
+    expands all meet at begin_growth before any records its size, so a check made outside the
+    transaction that writes the size lets every one of them through."""
+    be = open_backend(data, capacity_bytes=limit)
+    vols = [be.create_volume(f"v{i}", DiskOptions(size_bytes=size)).id for i, size in enumerate(sizes)]
+    start, met = threading.Barrier(len(vols) + creates), threading.Barrier(len(vols))
+    real_begin = be.health.ledger.begin_growth
+
+    def begin_growth(volume_id: str, from_size: int) -> None:
+        met.wait(10)
+        real_begin(volume_id, from_size)
+
+    monkeypatch.setattr(be.health.ledger, "begin_growth", begin_growth)
+
+    def expand(volume_id: str) -> bool:
+        start.wait(10)
+        try:
+            return be.expand_volume(volume_id, target) == target
+        except failures.OutOfRangeError:
+            return False
+
+    def create(i: int) -> bool:
+        start.wait(10)
+        try:
+            return bool(be.create_volume(f"new{i}", DiskOptions(size_bytes=target - sizes[0])))
+        except failures.OutOfCapacityError:
+            return False
+
+    with futures.ThreadPoolExecutor(len(vols) + creates) as pool:
+        done = [pool.submit(expand, v) for v in vols] + [pool.submit(create, i) for i in range(creates)]
+        made = sum(f.result() for f in done)
+    assert (made, be.store.provisioned_bytes()) == (fitting, sum(sizes) + fitting * (target - sizes[0]))
+    assert be.store.provisioned_bytes() <= limit
+    assert {d.id: d.size_bytes for d in be.list_volumes().items} == {
+        name[: -len(".img")]: os.stat(data / "volumes" / name).st_size for name in volume_files(data)
+    }, "every record matches its file"
+    assert be.health.ledger.growth() == {}, "a refused expand leaves no growth intent behind"
+    be.close()
+
+
 def test_volume_locks_are_dropped_when_released(be: LocalBackend) -> None:
     vols = [be.create_volume(f"v{i}", DiskOptions(size_bytes=MiB)) for i in range(3)]
     be.create_group_snapshot("g", [v.id for v in vols], {})

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from csi.backends.local.files import free_bytes
+from csi.backends.local.files import space
 from csi.backends.local.reserve import RESERVE_BYTES, Reserve
 from tests.unit.test_local import open_backend
 
@@ -45,7 +45,7 @@ def test_without_room_for_it_the_reserve_holds_nothing(tmp_path: Path, kept: boo
     path = tmp_path / "state.reserve"
     if kept:
         Reserve(str(path), size=256 * KiB).keep()
-    too_big = Reserve(str(path), size=free_bytes(str(tmp_path)) + 1024**3)
+    too_big = Reserve(str(path), size=space(str(tmp_path)).free + 1024**3)
     getattr(too_big, call)()
     assert allocated(path) == 0
 

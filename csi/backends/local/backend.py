@@ -226,13 +226,29 @@ class LocalBackend(LocalReporting, SnapshotOperations, Backend):
         return self._disk(row)
 
     def _check_room(self, options: DiskOptions) -> None:
-        """A requisite segment this data dir serves, and room under --capacity."""
+        """A requisite segment this data dir serves, and room under --capacity (checked again in the
+        transaction that records the volume: this only refuses before a file is made or copied)."""
         self._segment.check_requisite(options.requisite)
         used = self.store.provisioned_bytes() if self.capacity_limit else 0
         if self.capacity_limit and used + options.size_bytes > self.capacity_limit:
             raise OutOfCapacityError(
                 f"{options.size_bytes} bytes requested, {max(0, self.capacity_limit - used)} of the "
                 f"--capacity limit {self.capacity_limit} left"
+            )
+
+    def _check_space(self, size: int, added: int, short: type[OutOfCapacityError | OutOfRangeError]) -> None:
+        """Thin provisioning: volumes are sparse and reserve nothing, so their sizes together may exceed
+        the data dir's filesystem (--capacity bounds that sum in the transaction recording a size). But
+        the `added` bytes of a volume of `size` must fit in its free space now, or they could never all
+        be written: more -> `short`; a volume larger than the whole filesystem -> OutOfRangeError (no
+        retry can succeed). One statvfs, whatever the number of volumes (docs/configuration.md)."""
+        space, where = files.space(self.layout.volumes_dir), self.layout.volumes_dir
+        if size > space.size:
+            raise OutOfRangeError(f"{size} bytes requested, more than the filesystem holding {where} holds")
+        if added > space.free:
+            raise short(
+                f"{added} bytes requested, but the filesystem holding {where} has {space.free} bytes "
+                "free; free space there (delete unused snapshots or volumes) or ask for less"
             )
 
     def create_volume(self, name: str, options: DiskOptions) -> Disk:
@@ -242,6 +258,7 @@ class LocalBackend(LocalReporting, SnapshotOperations, Backend):
             return self._existing(row, spec, options)
         self._check_room(options)
         self._params.check_size(options.parameters, options.size_bytes)
+        self._check_space(options.size_bytes, options.size_bytes, OutOfCapacityError)
         volume_id = new_id(self.volume_prefix)
         path = self.volume_path(volume_id)
         written, recorded = contents.CREATE_FAILPOINTS[options.source.kind if options.source else None]
@@ -318,12 +335,13 @@ class LocalBackend(LocalReporting, SnapshotOperations, Backend):
             row = self._row(volume_id)
             if size_bytes <= row.size:
                 return row.size
-            if self.capacity_limit:
-                used = self.store.provisioned_bytes()
-                if used - row.size + size_bytes > self.capacity_limit:
-                    raise OutOfRangeError(f"growing to {size_bytes} bytes would exceed the --capacity limit")
+            self._check_space(size_bytes, size_bytes - row.size, OutOfRangeError)
             self.health.ledger.begin_growth(volume_id, row.size)  # start-up: a torn expand lost nothing
-            self.store.set_size(volume_id, size_bytes)  # record first: reconcile finishes a torn expand
+            try:  # record first (reconcile finishes a torn expand), checked against --capacity as it is
+                self.store.set_size(volume_id, size_bytes, capacity_limit=self.capacity_limit)
+            except BaseException:
+                self.health.ledger.end_growth(volume_id)  # refused or rolled back: no expand in progress
+                raise
             failpoints.hit("local.expand.recorded")
             try:
                 files.grow(path, size_bytes)
@@ -344,12 +362,15 @@ class LocalBackend(LocalReporting, SnapshotOperations, Backend):
             return self.get_volume(volume_id)
 
     def get_capacity(self, parameters: Mapping[str, str], topology: Mapping[str, str] | None) -> int:
+        """The largest volume CreateVolume takes now (Kubernetes schedules on it): the filesystem's free
+        space, within what --capacity leaves, rounded down to a size a request can name. Creating a
+        volume does not lower it (a sparse file holds nothing yet); writing into volumes does."""
         if topology and not self._segment.serves(topology):
             return 0
-        free = files.free_bytes(self.layout.volumes_dir)
+        room = files.space(self.layout.volumes_dir).free
         if self.capacity_limit:
-            free = min(free, self.capacity_limit - self.store.provisioned_bytes())
-        return max(0, free)
+            room = min(room, self.capacity_limit - self.store.provisioned_bytes())
+        return max(0, room - room % self.capabilities.size_granularity)
 
     # ---- attachment
 

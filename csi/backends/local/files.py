@@ -14,6 +14,7 @@ import contextlib
 import errno
 import fcntl
 import os
+from typing import NamedTuple
 
 from csi.backends.local import ownership
 from csi.backends.local.groupcommit import sync_directory
@@ -191,10 +192,18 @@ def has_no_data(path: str) -> bool:
     return False
 
 
-def free_bytes(directory: str) -> int:
-    """Bytes an unprivileged writer may still allocate on the filesystem holding `directory`."""
+class Space(NamedTuple):
+    """The filesystem holding a directory, as an unprivileged writer sees it (its root reserve aside)."""
+
+    size: int  # bytes in use plus `free`: the most all its files together can ever hold
+    free: int  # bytes still free to allocate
+
+
+def space(directory: str) -> Space:
+    """One statvfs of the filesystem holding `directory`."""
     st = os.statvfs(directory)
-    return st.f_bavail * st.f_frsize
+    free = st.f_bavail * st.f_frsize
+    return Space((st.f_blocks - st.f_bfree) * st.f_frsize + free, free)
 
 
 def can_reflink(directory: str) -> bool:

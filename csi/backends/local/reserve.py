@@ -25,7 +25,7 @@ import os
 import threading
 
 from csi.backends.local import ownership
-from csi.backends.local.files import free_bytes
+from csi.backends.local.files import space
 
 log = logging.getLogger("ballast.local")
 
@@ -61,7 +61,7 @@ class Reserve:
             st = os.fstat(fd)
             if st.st_size >= self.size and st.st_blocks * 512 >= self.size:
                 return True
-            if free_bytes(self._directory) < self.size:
+            if space(self._directory).free < self.size:
                 return False  # no room yet; trying would only make the filesystem flush its journal
             os.posix_fallocate(fd, 0, self.size)
             return True
@@ -101,5 +101,5 @@ class Reserve:
     def make_room(self) -> None:
         """Before the state database is opened: release the reserve when less than its size is free,
         so SQLite can create its -shm and -wal files and start-up its repairs."""
-        if free_bytes(self._directory) < self.size:
+        if space(self._directory).free < self.size:
             self.release()

@@ -27,7 +27,13 @@ from csi.backends.local import ownership
 from csi.backends.local.groupcommit import FileFirst, T, Transactions
 from csi.backends.local.reserve import Reserve
 from csi.backends.local.schema import SCHEMA
-from csi.failures import FailedPreconditionError, LimitExceededError, NotFoundError, OutOfCapacityError
+from csi.failures import (
+    FailedPreconditionError,
+    LimitExceededError,
+    NotFoundError,
+    OutOfCapacityError,
+    OutOfRangeError,
+)
 
 
 class NameTaken(Exception):
@@ -85,6 +91,11 @@ def _snapshot(r: sqlite3.Row) -> SnapshotRow:
 
 def _group(r: sqlite3.Row) -> GroupRow:
     return GroupRow(r["id"], r["name"], tuple(json.loads(r["volume_ids"])), r["created"])
+
+
+def _provisioned(db: sqlite3.Connection) -> int:
+    """The volumes' recorded sizes together, read on `db` (inside the caller's transaction, if any)."""
+    return int(db.execute("SELECT COALESCE(SUM(size), 0) FROM volumes").fetchone()[0])
 
 
 class Store:
@@ -195,7 +206,9 @@ class Store:
         return {r["id"]: r["size"] for r in self._read("SELECT id, size FROM volumes")}
 
     def provisioned_bytes(self) -> int:
-        return int(self._read("SELECT COALESCE(SUM(size), 0) AS s FROM volumes")[0]["s"])
+        """The volumes' recorded sizes together."""
+        with self._lock:
+            return _provisioned(self._db)
 
     def insert_volume(
         self,
@@ -217,7 +230,7 @@ class Store:
 
         def insert(db: sqlite3.Connection) -> int:
             if capacity_limit:
-                used = int(db.execute("SELECT COALESCE(SUM(size), 0) FROM volumes").fetchone()[0])
+                used = _provisioned(db)
                 if used + size > capacity_limit:
                     raise OutOfCapacityError(
                         f"{size} bytes requested, {max(0, capacity_limit - used)} of the --capacity "
@@ -267,8 +280,22 @@ class Store:
 
         self._freeing(delete, grouped=True)
 
-    def set_size(self, volume_id: str, size: int) -> None:
+    def set_size(self, volume_id: str, size: int, *, capacity_limit: int = 0) -> None:
+        """Record a volume's size. With a non-zero `capacity_limit`, a size that would take the volumes
+        together past it -> OutOfRangeError, and a missing volume -> NotFoundError: checked in the
+        transaction that writes the size, so concurrent expands and creates (insert_volume) cannot
+        overshoot the limit between a check and a write."""
         with self.tx() as db:
+            if capacity_limit:
+                found = db.execute("SELECT size FROM volumes WHERE id = ?", (volume_id,)).fetchone()
+                if found is None:
+                    raise NotFoundError(f"volume {volume_id} not found")
+                room = capacity_limit - _provisioned(db)  # what the volumes together may still grow by
+                if size - int(found["size"]) > room:
+                    raise OutOfRangeError(
+                        f"growing volume {volume_id} to {size} bytes would exceed the --capacity limit "
+                        f"{capacity_limit}: {max(0, room)} more bytes fit under it"
+                    )
             db.execute("UPDATE volumes SET size = ? WHERE id = ?", (size, volume_id))
 
     def set_mutable(self, volume_id: str, mutable: dict[str, str]) -> None:
