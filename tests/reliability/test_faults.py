@@ -557,7 +557,7 @@ def _assert_full(env: Local) -> None:
         name="does-not-fit", capacity_range=csi_pb2.CapacityRange(required_bytes=MiB)
     )
     req.volume_capabilities.append(mount_cap())
-    assert_code(env.client.controller.CreateVolume, req, Code.RESOURCE_EXHAUSTED, contains="is full")
+    assert_code(env.client.controller.CreateVolume, req, Code.RESOURCE_EXHAUSTED, contains="free space")
 
 
 @pytest.mark.parametrize("free", FREEING)

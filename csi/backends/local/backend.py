@@ -48,6 +48,7 @@ from csi.backends.local.layout import (
 from csi.backends.local.quiesce import LocalQuiescer, Quiescer
 from csi.backends.local.reporting import LocalReporting
 from csi.backends.local.reserve import Reserve
+from csi.backends.local.room import Room
 from csi.backends.local.snapshots import LocalSnapshots, SnapshotOperations
 from csi.backends.local.state import AttachmentRow, NameTaken, Store, VolumeRow
 from csi.backends.local.topology import Segment
@@ -116,7 +117,6 @@ class LocalBackend(LocalReporting, SnapshotOperations, Backend):
         self.layout = layout
         self.store = store
         self._owner = owner  # the owner-lock fd of a reconciling process, closed by close()
-        self.capacity_limit = capacity_bytes
         self.node_id = node_id
         self.max_volumes = max_volumes_per_node or DEFAULT_MAX_VOLUMES
         self.volume_prefix = volume_prefix(driver_name)
@@ -124,6 +124,7 @@ class LocalBackend(LocalReporting, SnapshotOperations, Backend):
         self._segment = Segment(driver_name, zone, region)
         self.topology = self._segment.labels
         self.capabilities = capabilities(tuple(self.topology), self.max_volumes)
+        self.room = Room(layout.volumes_dir, store, capacity_bytes, self.capabilities.size_granularity)
         self._devices = LoopDevices(loop)
         self._locks = KeyedLocks()
         # Group snapshots freeze their members here, or ask the node plugin (freeze_service.py).
@@ -225,40 +226,15 @@ class LocalBackend(LocalReporting, SnapshotOperations, Backend):
         self._segment.check_existing(row.name, row.id, options.requisite)
         return self._disk(row)
 
-    def _check_room(self, options: DiskOptions) -> None:
-        """A requisite segment this data dir serves, and room under --capacity (checked again in the
-        transaction that records the volume: this only refuses before a file is made or copied)."""
-        self._segment.check_requisite(options.requisite)
-        used = self.store.provisioned_bytes() if self.capacity_limit else 0
-        if self.capacity_limit and used + options.size_bytes > self.capacity_limit:
-            raise OutOfCapacityError(
-                f"{options.size_bytes} bytes requested, {max(0, self.capacity_limit - used)} of the "
-                f"--capacity limit {self.capacity_limit} left"
-            )
-
-    def _check_space(self, size: int, added: int, short: type[OutOfCapacityError | OutOfRangeError]) -> None:
-        """Thin provisioning: volumes are sparse and reserve nothing, so their sizes together may exceed
-        the data dir's filesystem (--capacity bounds that sum in the transaction recording a size). But
-        the `added` bytes of a volume of `size` must fit in its free space now, or they could never all
-        be written: more -> `short`; a volume larger than the whole filesystem -> OutOfRangeError (no
-        retry can succeed). One statvfs, whatever the number of volumes (docs/configuration.md)."""
-        space, where = files.space(self.layout.volumes_dir), self.layout.volumes_dir
-        if size > space.size:
-            raise OutOfRangeError(f"{size} bytes requested, more than the filesystem holding {where} holds")
-        if added > space.free:
-            raise short(
-                f"{added} bytes requested, but the filesystem holding {where} has {space.free} bytes "
-                "free; free space there (delete unused snapshots or volumes) or ask for less"
-            )
-
     def create_volume(self, name: str, options: DiskOptions) -> Disk:
         spec = records.spec(options)
         row = self.store.volume_by_name(name)
         if row is not None:
             return self._existing(row, spec, options)
-        self._check_room(options)
+        self._segment.check_requisite(options.requisite)
+        self.room.check_limit(options.size_bytes)
         self._params.check_size(options.parameters, options.size_bytes)
-        self._check_space(options.size_bytes, options.size_bytes, OutOfCapacityError)
+        self.room.check_space(options.size_bytes, options.size_bytes, OutOfCapacityError)
         volume_id = new_id(self.volume_prefix)
         path = self.volume_path(volume_id)
         written, recorded = contents.CREATE_FAILPOINTS[options.source.kind if options.source else None]
@@ -275,7 +251,7 @@ class LocalBackend(LocalReporting, SnapshotOperations, Backend):
                 spec,
                 dict(options.mutable_parameters),
                 time.time(),
-                capacity_limit=self.capacity_limit,
+                capacity_limit=self.room.limit,
                 first=first,
             )
         except OutOfCapacityError:
@@ -335,10 +311,10 @@ class LocalBackend(LocalReporting, SnapshotOperations, Backend):
             row = self._row(volume_id)
             if size_bytes <= row.size:
                 return row.size
-            self._check_space(size_bytes, size_bytes - row.size, OutOfRangeError)
+            self.room.check_space(size_bytes, size_bytes - row.size, OutOfRangeError)
             self.health.ledger.begin_growth(volume_id, row.size)  # start-up: a torn expand lost nothing
             try:  # record first (reconcile finishes a torn expand), checked against --capacity as it is
-                self.store.set_size(volume_id, size_bytes, capacity_limit=self.capacity_limit)
+                self.store.set_size(volume_id, size_bytes, capacity_limit=self.room.limit)
             except BaseException:
                 self.health.ledger.end_growth(volume_id)  # refused or rolled back: no expand in progress
                 raise
@@ -362,15 +338,10 @@ class LocalBackend(LocalReporting, SnapshotOperations, Backend):
             return self.get_volume(volume_id)
 
     def get_capacity(self, parameters: Mapping[str, str], topology: Mapping[str, str] | None) -> int:
-        """The largest volume CreateVolume takes now (Kubernetes schedules on it): the filesystem's free
-        space, within what --capacity leaves, rounded down to a size a request can name. Creating a
-        volume does not lower it (a sparse file holds nothing yet); writing into volumes does."""
+        """Room.largest, for a topology this data dir serves (0 for any other)."""
         if topology and not self._segment.serves(topology):
             return 0
-        room = files.space(self.layout.volumes_dir).free
-        if self.capacity_limit:
-            room = min(room, self.capacity_limit - self.store.provisioned_bytes())
-        return max(0, room - room % self.capabilities.size_granularity)
+        return self.room.largest()
 
     # ---- attachment
 
