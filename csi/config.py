@@ -194,8 +194,8 @@ def _backend_flags(be: argparse._ArgumentGroup) -> None:
         "--capacity",
         type=flagtypes.size,
         default=EnvDefault("BALLAST_CAPACITY", "0"),
-        help="local backend: upper bound on provisioned bytes, e.g. 100Gi; 0 = free space of "
-        "the data dir [BALLAST_CAPACITY]",
+        help="local backend: upper bound on the sizes of all volumes together, e.g. 100Gi; 0 = none "
+        "(each volume must still fit in the data dir's free space) [BALLAST_CAPACITY]",
     )
     _aws_flags(be)
 
