@@ -22,6 +22,7 @@ import grpc
 from csi import backend_registry as registry
 from csi import logs
 from csi._proto import csi_pb2_grpc
+from csi.admission import AdmissionInterceptor, pool_size
 from csi.backends.base import Backend
 from csi.capabilities import Capabilities
 from csi.config import Config, version
@@ -106,8 +107,14 @@ class Driver:
             self.metrics = Metrics(config, self.backend, self.inflight)
         observe = self.metrics.observe_rpc if self.metrics else None
         self.server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=config.server.workers, thread_name_prefix="rpc"),
-            interceptors=[logs.LoggingInterceptor(observe), ErrorInterceptor()],
+            futures.ThreadPoolExecutor(
+                max_workers=pool_size(config.server.workers), thread_name_prefix="rpc"
+            ),
+            interceptors=[
+                logs.LoggingInterceptor(observe),
+                ErrorInterceptor(),
+                AdmissionInterceptor(config.server.workers),
+            ],
             options=[("grpc.so_reuseport", 0)],
         )
         self._register()

@@ -1,0 +1,100 @@
+"""Volume calls that hold every worker leave the health calls a thread of their own, and a call beyond
+the backlog is UNAVAILABLE at once: through the real server's composition, with a backend whose creates
+block until the test lets them go."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from csi import admission
+from csi._proto import csi_pb2
+from csi.backends.base import Disk, DiskOptions
+from csi.config import parse_args
+from csi.server import Driver
+from tests.csiclient import CsiClient, connect
+from tests.fakes import FAKE_NODE, FakeBackend
+
+WORKERS = 2
+ADMITTED = WORKERS * (1 + admission.BACKLOG_PER_WORKER)
+MOUNT = csi_pb2.VolumeCapability(
+    mount=csi_pb2.VolumeCapability.MountVolume(),
+    access_mode=csi_pb2.VolumeCapability.AccessMode(
+        mode=csi_pb2.VolumeCapability.AccessMode.SINGLE_NODE_WRITER
+    ),
+)
+
+
+class Stuck(FakeBackend):
+    """Creates wait for `go`; `started` counts the ones running."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.go = threading.Event()
+        self.started = threading.Semaphore(0)
+
+    def create_volume(self, name: str, options: DiskOptions) -> Disk:
+        self.started.release()
+        assert self.go.wait(60)
+        return super().create_volume(name, options)
+
+
+@pytest.fixture
+def stuck(tmp_path: Path) -> Iterator[tuple[Stuck, CsiClient]]:
+    config, _ = parse_args(
+        ["--endpoint", f"unix://{tmp_path}/a.sock", "--node-id", FAKE_NODE, "--workers", str(WORKERS)]
+    )
+    backend = Stuck()
+    driver = Driver(config, backend=backend)
+    driver.start()
+    client = connect(f"{tmp_path}/a.sock")
+    yield backend, client
+    backend.go.set()
+    client.close()
+    driver.stop(grace=1)
+
+
+def _create(client: CsiClient, i: int) -> Any:
+    request = csi_pb2.CreateVolumeRequest(name=f"v{i}", volume_capabilities=[MOUNT])
+    return client.controller.CreateVolume.future(request, timeout=60)
+
+
+@pytest.mark.parametrize(
+    ("method", "request_"),
+    [
+        pytest.param("Probe", csi_pb2.ProbeRequest(), id="probe"),
+        pytest.param("GetPluginInfo", csi_pb2.GetPluginInfoRequest(), id="plugin-info"),
+        pytest.param("NodeGetInfo", csi_pb2.NodeGetInfoRequest(), id="node-info"),
+        pytest.param(
+            "ControllerGetCapabilities", csi_pb2.ControllerGetCapabilitiesRequest(), id="controller-caps"
+        ),
+    ],
+)
+def test_health_calls_are_answered_while_volume_calls_hold_every_worker(
+    stuck: tuple[Stuck, CsiClient], method: str, request_: Any
+) -> None:
+    backend, client = stuck
+    finished: queue.Queue[Any] = queue.Queue()
+    calls = [_create(client, i) for i in range(ADMITTED + 1)]
+    for call in calls:
+        call.add_done_callback(finished.put)
+    for _ in range(WORKERS):
+        assert backend.started.acquire(timeout=30), "the running creates started"
+    refused = finished.get(timeout=30)
+    assert refused.code() == grpc.StatusCode.UNAVAILABLE, refused.details()
+    assert "busy" in refused.details()
+    stub = client.identity if method in ("Probe", "GetPluginInfo") else client.controller
+    if method == "NodeGetInfo":
+        stub = client.node
+    getattr(stub, method)(request_, timeout=10)  # DEADLINE_EXCEEDED here if it queued behind them
+    assert finished.empty(), "the admitted creates still wait"
+    assert not backend.started.acquire(timeout=0), f"no more than {WORKERS} creates ran at once"
+    backend.go.set()
+    waited = [c for c in calls if c is not refused]
+    assert all(c.result(timeout=30).volume.volume_id for c in waited), "every admitted call completes"
