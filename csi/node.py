@@ -18,7 +18,13 @@ from csi._proto import csi_pb2, csi_pb2_grpc
 from csi.backends.base import Backend
 from csi.capabilities import NRPC, Capabilities
 from csi.config import Config
-from csi.failures import FailedPreconditionError, InvalidParameterError, NotFoundError, OutOfRangeError
+from csi.failures import (
+    FailedPreconditionError,
+    InvalidParameterError,
+    NotFoundError,
+    OutOfRangeError,
+    os_failures,
+)
 from csi.filesystems import VFS_FLAGS, check_fs_type, check_mount_flags, mkfs_argv, requested_fs_type
 from csi.health_rpcs import NodeHealthRPCs
 from csi.inflight import InFlight
@@ -75,7 +81,8 @@ class NodeService(NodeHealthRPCs, csi_pb2_grpc.NodeServicer):
         self._max_volumes = config.node.max_volumes_per_node
         self._caps = caps
         self._inflight = inflight
-        self._roots = config.node.allowed_roots
+        # With their resolved forms: the mount table shows a kubelet dir reached through a symlink resolved.
+        self._roots = paths.with_resolved(config.node.allowed_roots)
         mounter = self._mounter = mounter or Mounter()
         self.stager = Stager(backend, mounter, self._roots, config.node.format_concurrency)
         self.health = NodeHealth(backend, mounter, self._roots, self.stager)
@@ -85,19 +92,21 @@ class NodeService(NodeHealthRPCs, csi_pb2_grpc.NodeServicer):
         return self.stager.staged_count()
 
     def _path(self, path: str, field: str) -> str:
+        """The resolved form of a staging or target path the node acts on (csi/paths.py has the rule)."""
         return paths.check_path(path, field, self._roots)
 
     def _volume_path(self, volume_id: str, path: str) -> str:
-        """The volume_path of a read: a malformed string -> INVALID_ARGUMENT; a path where no volume can
-        be (relative, outside the allowed roots) or that does not exist -> NOT_FOUND (spec: the volume
-        does not exist at that path)."""
+        """The resolved volume_path of a read: a malformed string -> INVALID_ARGUMENT; a path where no
+        volume can be (relative, outside the allowed roots as written or once its symbolic links are
+        followed, itself a link) or that does not exist -> NOT_FOUND (spec: the volume does not exist
+        at that path)."""
         paths.check_path_form(path, "volume_path")
-        problem = paths.misplaced(path, self._roots)
+        resolved, problem = paths.placed(path, self._roots)
         if problem:
             raise NotFoundError(f"volume {volume_id} is not at volume_path: it {problem}")
-        if not os.path.lexists(path):
+        if not os.path.lexists(resolved):
             raise NotFoundError(f"volume_path {path} does not exist")
-        return path
+        return resolved
 
     def _one_target(self, mode: int) -> bool:
         """Whether `mode` allows one publish per node. Spec, for a plugin with SINGLE_NODE_MULTI_WRITER:
@@ -129,6 +138,9 @@ class NodeService(NodeHealthRPCs, csi_pb2_grpc.NodeServicer):
             mkfs_argv("/dev/null", fs_type, vc)  # validates the format options before anything runs
             fs = Filesystem(fs_type, explicit, flags, _readonly(cap, flags), vc)
         with self._inflight.hold(f"node:{volume_id}"):
+            if fs is not None:  # made here, never through a link planted since the check (csi/paths.py)
+                with os_failures():
+                    paths.make_dirs(staging, self._roots)
             self.stager.stage(volume_id, request.publish_context, partition, staging, fs)
         return csi_pb2.NodeStageVolumeResponse()
 

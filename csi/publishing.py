@@ -4,6 +4,9 @@ Contracts (CSI spec): publishing twice with the same arguments -> OK; the target
 or this one with other options -> AlreadyExistsError; unpublishing what is not mounted -> OK and the
 target is removed. A target is only ever created or removed by the driver: an empty directory (mount
 access) or an empty regular file (block access); anything else is left in place with an error.
+Targets come checked (csi/paths.py: resolved, under the allowed roots, not a link); they are created
+and removed relative to their parent directory's fd, reached without following a symbolic link, and a
+bind or an unmount first re-checks that the path still leads there (paths.check_reaches).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from typing import NamedTuple
 
 from csi import devices, paths
 from csi.devices import DeviceNumbers
-from csi.failures import AlreadyExistsError, FailedPreconditionError
+from csi.failures import AlreadyExistsError, FailedPreconditionError, InvalidParameterError
 from csi.mount import Mounter, MountError, MountInfo
 from shim import failpoints
 
@@ -64,7 +67,9 @@ class Publisher:
         ]
 
     def peel(self, path: str) -> None:
-        """Unmount `path` until nothing is mounted there (stacked mounts included)."""
+        """Unmount `path` until nothing is mounted there (stacked mounts included); first re-checked,
+        so a symbolic link planted on the way since the path was checked unmounts nothing elsewhere."""
+        paths.recheck(path, self._roots)
         for _ in range(MAX_STACKED):
             if not self._mounter.unmount(path) or self._mounter.mount_at(path) is None:
                 break
@@ -82,14 +87,15 @@ class Publisher:
                     f"volume {volume_id} is already published at {others[0]} and its access mode allows "
                     "one target per node"
                 )
-        created = _create_target(pub.target, pub.block)
-        failpoints.hit("node.publish.target-created")
-        try:
-            self._mounter.bind(source.path, pub.target, pub.bind_flags)
-        except MountError:
-            if created:
-                _remove_target(pub.target)
-            raise
+        with paths.made_parent(pub.target, self._roots) as parent:
+            created = _create_target(parent, pub.target, pub.block)
+            failpoints.hit("node.publish.target-created")
+            try:
+                self._bind(parent, source, pub)
+            except (MountError, InvalidParameterError):
+                if created:
+                    _remove_target(parent, pub.target)
+                raise
         failpoints.hit("node.publish.bound")
         if pub.block:
             self._sync_block_readonly(source)
@@ -97,13 +103,24 @@ class Publisher:
     def unpublish(self, target: str) -> None:
         """Unmount the target and remove it. Not mounted or missing -> OK."""
         current = self._mounter.mount_at(target)
-        self.peel(target)
-        failpoints.hit("node.unpublish.unmounted")
-        _remove_target(target)
+        with paths.found_parent(target, self._roots) as parent:
+            if parent is None:
+                return  # a directory on the way is missing: nothing can be mounted there
+            self.peel(target)
+            failpoints.hit("node.unpublish.unmounted")
+            _remove_target(parent, target)
         if current is not None and current.fs_type == "devtmpfs":
             device = os.path.join("/dev", current.root.lstrip("/"))
             if devices.is_block_device(device):
                 self._sync_block_readonly(Source(device, (current.major, current.minor), current.root))
+
+    def _bind(self, parent: int, source: Source, pub: Publication) -> None:
+        """Bind right after re-checking that no symbolic link was planted on the way to the target (in
+        `parent`, its directory's fd) or to the staging path it binds, since they were checked."""
+        paths.check_reaches(pub.target, parent)
+        if not pub.block:
+            paths.recheck(pub.staging, self._roots)
+        self._mounter.bind(source.path, pub.target, pub.bind_flags)
 
     def _sync_block_readonly(self, source: Source) -> None:
         """A read-only bind of a device node does not stop writes through it, so the device itself is
@@ -123,38 +140,43 @@ def _check_published(current: MountInfo, source: Source, pub: Publication) -> No
         raise AlreadyExistsError(f"the volume is already published at {pub.target} with other options")
 
 
-def _create_target(target: str, block: bool) -> bool:
-    """Create the mount point (directory, or an empty file for block). True when it was created."""
-    if os.path.lexists(target):
-        if os.path.islink(target):
-            raise FailedPreconditionError(f"target_path {target} is a symbolic link")
-        if block and not os.path.isfile(target):
-            raise FailedPreconditionError(f"target_path {target} exists and is not a regular file")
-        if not block and not os.path.isdir(target):
-            raise FailedPreconditionError(f"target_path {target} exists and is not a directory")
-        return False
-    if block:
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o640)
-        os.close(fd)
-    else:
-        os.makedirs(target, mode=0o750)
-    return True
-
-
-def _remove_target(target: str) -> None:
-    """Remove an unmounted target: an empty directory or an empty regular file. Missing -> OK."""
+def _create_target(parent: int, target: str, block: bool) -> bool:
+    """Create the mount point in `parent` (its directory's fd): a directory, or an empty file for block.
+    True when it was created; an existing one of the right kind is used as it is."""
+    name = os.path.basename(target)
     try:
-        st = os.lstat(target)
+        st = os.stat(name, dir_fd=parent, follow_symlinks=False)
+    except FileNotFoundError:
+        if block:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
+            os.close(os.open(name, flags, 0o640, dir_fd=parent))
+        else:
+            os.mkdir(name, 0o750, dir_fd=parent)
+        return True
+    if stat.S_ISLNK(st.st_mode):  # check_path refused a link: this one was planted since
+        raise InvalidParameterError(f"target_path {target} is a symbolic link; nothing was mounted")
+    if block and not stat.S_ISREG(st.st_mode):
+        raise FailedPreconditionError(f"target_path {target} exists and is not a regular file")
+    if not block and not stat.S_ISDIR(st.st_mode):
+        raise FailedPreconditionError(f"target_path {target} exists and is not a directory")
+    return False
+
+
+def _remove_target(parent: int, target: str) -> None:
+    """Remove an unmounted target from `parent` (its directory's fd): an empty directory or an empty
+    regular file. Missing -> OK; anything else (a symbolic link included) is left in place."""
+    name = os.path.basename(target)
+    try:
+        st = os.stat(name, dir_fd=parent, follow_symlinks=False)
     except FileNotFoundError:
         return
     if stat.S_ISDIR(st.st_mode):
         try:
-            os.rmdir(target)
+            os.rmdir(name, dir_fd=parent)
         except OSError as exc:
             raise FailedPreconditionError(f"{target} is not empty after unmounting; left in place") from exc
     elif stat.S_ISREG(st.st_mode) and st.st_size == 0:
-        os.unlink(target)
+        os.unlink(name, dir_fd=parent)
     else:
         raise FailedPreconditionError(
             f"{target} is not a directory or empty file the driver created; left in place"

@@ -831,3 +831,31 @@ def test_reads_of_an_unstaged_volume_are_not_found_and_prepare_nothing(fuzzed: F
     request.volume_path = str(fuzzed.env.kubelet / "plugins" / "unstaged")
     assert answer(fuzzed, method, request) == Code.NOT_FOUND
     assert not [b for _, b in host_state(fuzzed)["loops"] if unstaged in b]
+
+
+ESCAPES = [
+    pytest.param("escape", id="the-link-itself"),
+    pytest.param("escape/etc", id="a-directory-it-leads-to"),
+    pytest.param("escape/kubelet-lookalike/pods", id="an-empty-directory-it-leads-to"),
+    pytest.param("escape/new/mount", id="a-new-directory-beyond-it"),
+]
+ESCAPING_FIELDS = [
+    pytest.param("NodeStageVolume", "staging_target_path", id="stage"),
+    pytest.param("NodeUnstageVolume", "staging_target_path", id="unstage"),
+    pytest.param("NodePublishVolume", "target_path", id="publish-target"),
+    pytest.param("NodePublishVolume", "staging_target_path", id="publish-staging"),
+    pytest.param("NodeUnpublishVolume", "target_path", id="unpublish"),
+]
+
+
+@pytest.mark.parametrize("escape", ESCAPES)
+@pytest.mark.parametrize(("method", "field"), ESCAPING_FIELDS)
+def test_a_path_through_the_planted_escape_link_is_invalid_argument(
+    fuzzed: Fuzzed, method: str, field: str, escape: str
+) -> None:
+    """`<kubelet>/escape` links to the sentinel tree: a staging or target path through it resolves out
+    of the allowed roots (or is the link itself), so it is an unusable path and, checked by `answer`,
+    nothing changes. (The reads answer NOT_FOUND for it: test_node_symlinks covers them.)"""
+    request: Any = _request(fuzzed, method)
+    setattr(request, field, f"{fuzzed.env.kubelet}/{escape}")
+    assert answer(fuzzed, method, request) == Code.INVALID_ARGUMENT
