@@ -2,7 +2,9 @@
 
 Exit codes: 0 done; 1 something blocked (or, for the controller, its leader lease was lost, so the
 pod restarts as Kubernetes' own components do); 2 bad input: flags that do not fit, an unusable
-kubeconfig, an API server that cannot be reached or refuses the first request.
+kubeconfig, an API server that cannot be reached or refuses the first request. A later API error of
+`apply`, `rollback` or `status` that stops the command raises oneshot.ClusterError: exit 2 when the
+credentials are refused (401, 403) or no response came, else 1.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from shim.migrate.kube import PVS, ApiError, KubeClient
 from shim.migrate.leader import ElectionConfig, LeaderElector
 from shim.migrate.lock import Holder, PVLocks
 from shim.migrate.metrics import Metrics, MetricsServer
+from shim.migrate.oneshot import ClusterError
 from shim.migrate.options import KubeConfigError, UsageError, check, version
 from shim.migrate.usage import LiveClaims, live_usage
 
@@ -91,7 +94,8 @@ def run_one_shot(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def run(args: argparse.Namespace, out: TextIO) -> int:
-    """Run a migration subcommand; UsageError / KubeConfigError propagate (exit 2 in the CLI)."""
+    """Run a migration subcommand; UsageError / KubeConfigError propagate (exit 2 in the CLI), and
+    ClusterError (its exit_code)."""
     check(args)
     failpoints.validate_environment()
     if args.command == "controller":
@@ -99,4 +103,4 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     return run_one_shot(args, out)
 
 
-__all__ = ["KubeConfigError", "UsageError", "run"]
+__all__ = ["ClusterError", "KubeConfigError", "UsageError", "run"]

@@ -8,8 +8,8 @@ the callers count, report and retry, never a crash. `direction=None` only finish
 Results: done; noop (nothing to do); pending (waits for the claim to rebind: the lock is kept, call
 again); waiting (in use: Events on the PV and its claim, try later); busy (another actor holds the
 lock); skipped (bad input: Event + metric; not retried until the object changes); refused (the cluster
-differs from the record or journal: Event, left for a person); failed (API error: retry later);
-planned (dry run: what would be created).
+differs from the record or journal: Event, left for a person); failed (API error, including one taking
+the lock: retry later); planned (dry run: what would be created).
 """
 
 from __future__ import annotations
@@ -163,10 +163,13 @@ class Engine:
 
     def plan(self, name: str, direction: str) -> Outcome:
         """Dry run: what `run` would do, without taking a lock or changing anything."""
-        pv = get_pv(self.ctx, name)
-        if pv is None:
-            return Outcome(name, direction, NOOP, "the PV does not exist")
-        planned = self.assess(pv, direction)
+        try:
+            pv = get_pv(self.ctx, name)
+            if pv is None:
+                return Outcome(name, direction, NOOP, "the PV does not exist")
+            planned = self.assess(pv, direction)
+        except ApiError as exc:
+            return Outcome(name, direction, FAILED, f"API error: {exc}")
         if isinstance(planned, Outcome):
             return planned
         return Outcome(name, direction, PLANNED, f"would {direction}", planned.target)
@@ -184,6 +187,8 @@ class Engine:
             ref = Ref("v1", "PersistentVolume", name)
             self.ctx.events.emit(ref, WARNING, "MigrationStuck", f"its journal cannot be used: {exc}")
             return self._count(Outcome(name, direction or "", REFUSED, str(exc)))
+        except ApiError as exc:  # e.g. no such namespace, or RBAC: nothing was changed; retry later
+            return self._count(Outcome(name, direction or "", FAILED, f"taking its lock: API error: {exc}"))
         if lock is None:
             return Outcome(name, "", NOOP, "no journal to finish")
         return self._count(self._under_lock(lock, name, direction))
