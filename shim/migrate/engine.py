@@ -10,6 +10,10 @@ again); waiting (in use: Events on the PV and its claim, try later); busy (anoth
 lock); skipped (bad input: Event + metric; not retried until the object changes); refused (the cluster
 differs from the record or journal: Event, left for a person); failed (API error, including one taking
 the lock: retry later); planned (dry run: what would be created).
+
+A PV whose CSI form or journal would not fit Kubernetes' 256 KiB limit on an object's annotations is
+skipped ("too-large"): the CSI PV carries the PV's annotations plus its record, and the journal in the
+lock Lease carries the record and the new PV, so either write would fail on every attempt.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import contextlib
 import logging
 import threading
 import uuid
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import NamedTuple
 
@@ -35,6 +40,8 @@ DONE, NOOP, PENDING, WAITING, BUSY = "done", "noop", "pending", "waiting", "busy
 SKIPPED, REFUSED, FAILED, PLANNED = "skipped", "refused", "failed", "planned"
 RETRY_LATER = frozenset({PENDING, WAITING, BUSY, FAILED})
 ELIGIBLE_PHASES = frozenset({"Bound", "Available", "Released"})
+ANNOTATIONS_LIMIT = 256 * 1024  # Kubernetes' limit on an object's annotations: keys plus values, in bytes
+JOURNAL_HEADROOM = 4 * 1024  # the Lease's other annotations, and what the journal records as it runs
 
 
 class Outcome(NamedTuple):
@@ -43,6 +50,11 @@ class Outcome(NamedTuple):
     result: str
     message: str
     target: o.JsonObj | None = None
+
+
+def annotations_size(annotations: Mapping[str, str]) -> int:
+    """Bytes Kubernetes counts against ANNOTATIONS_LIMIT: every key and value, UTF-8 encoded."""
+    return sum(len(key.encode()) + len(value.encode()) for key, value in annotations.items())
 
 
 def _pv_ref(pv: o.JsonObj) -> Ref:
@@ -100,8 +112,8 @@ class Engine:
 
     def _journal(
         self, pv: o.JsonObj, direction: str, plugin: str, journal_id: str, target: o.JsonObj
-    ) -> Journal:
-        return Journal(
+    ) -> Journal | Outcome:
+        journal = Journal(
             id=journal_id,
             direction=direction,
             pv=o.name_of(pv),
@@ -115,6 +127,29 @@ class Engine:
             started_by=self._identity,
             started_at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         )
+        return self._fits(pv, journal)
+
+    def _fits(self, pv: o.JsonObj, journal: Journal) -> Journal | Outcome:
+        """The journal, or a "too-large" skip when the new PV or the journal's Lease would exceed
+        ANNOTATIONS_LIMIT (the API server would refuse every attempt with 422 Too long)."""
+        direction, limit = journal.direction, ANNOTATIONS_LIMIT
+        target = annotations_size(o.annotations_of(journal.target))
+        if target > limit:
+            kept = "its annotations" + (" and the record of the original" if direction == CONVERT else "")
+            message = (
+                f"the new PV would carry {target} bytes of annotations ({kept}); "
+                f"Kubernetes allows {limit}: remove large annotations from the PV"
+            )
+            return self._skip(pv, direction, "too-large", message)
+        journal_size = len(journal.to_json().encode()) + JOURNAL_HEADROOM
+        if journal_size > limit:
+            message = (
+                f"its journal (the record of the PV and the PV to create) would take {journal_size} bytes "
+                f"of its lock Lease's annotations; Kubernetes allows {limit}: remove large annotations "
+                "from the PV"
+            )
+            return self._skip(pv, direction, "too-large", message)
+        return journal
 
     def assess_convert(self, pv: o.JsonObj, journal_id: str) -> Journal | Outcome:
         name, plugin = o.name_of(pv), o.in_tree_plugin(pv)
