@@ -9,7 +9,8 @@ Results: done; noop (nothing to do); pending (waits for the claim to rebind: the
 again); waiting (in use: Events on the PV and its claim, try later); busy (another actor holds the
 lock); skipped (bad input: Event + metric; not retried until the object changes); refused (the cluster
 differs from the record or journal: Event, left for a person); failed (API error, including one taking
-the lock: retry later); planned (dry run: what would be created).
+the lock: retry later); planned (dry run: what would be created). Waiting and skipped outcomes carry a
+`reason` (WAIT_REASONS for waiting; the skip metric's label for skipped).
 
 A PV whose CSI form or journal would not fit Kubernetes' 256 KiB limit on an object's annotations is
 skipped ("too-large"): the CSI PV carries the PV's annotations plus its record, and the journal in the
@@ -40,6 +41,11 @@ DONE, NOOP, PENDING, WAITING, BUSY = "done", "noop", "pending", "waiting", "busy
 SKIPPED, REFUSED, FAILED, PLANNED = "skipped", "refused", "failed", "planned"
 RETRY_LATER = frozenset({PENDING, WAITING, BUSY, FAILED})
 ELIGIBLE_PHASES = frozenset({"Bound", "Available", "Released"})
+# Why a PV waits (Outcome.reason of waiting outcomes; the label of ballast_migrate_volumes_waiting):
+# used by a pod or attachment; a phase that cannot move (Pending, Failed); pre-bound, waiting for the PV
+# binder; changed under a conversion that had not deleted it yet (it starts over from a fresh record).
+IN_USE, PHASE, PRE_BOUND, CHANGED = "in-use", "phase", "pre-bound", "changed"
+WAIT_REASONS = (IN_USE, PHASE, PRE_BOUND, CHANGED)
 ANNOTATIONS_LIMIT = 256 * 1024  # Kubernetes' limit on an object's annotations: keys plus values, in bytes
 JOURNAL_HEADROOM = 4 * 1024  # the Lease's other annotations, and what the journal records as it runs
 
@@ -50,6 +56,7 @@ class Outcome(NamedTuple):
     result: str
     message: str
     target: o.JsonObj | None = None
+    reason: str = ""
 
 
 def annotations_size(annotations: Mapping[str, str]) -> int:
@@ -77,7 +84,7 @@ class Engine:
     def _skip(self, pv: o.JsonObj, direction: str, reason: str, message: str) -> Outcome:
         self.ctx.metrics.skips.labels(reason).inc()
         self.ctx.events.emit(_pv_ref(pv), WARNING, "MigrationSkipped", f"{direction} skipped: {message}")
-        return Outcome(o.name_of(pv), direction, SKIPPED, f"{reason}: {message}")
+        return Outcome(o.name_of(pv), direction, SKIPPED, f"{reason}: {message}", reason=reason)
 
     def _blocked(self, pv: o.JsonObj, direction: str) -> Outcome | None:
         """Why `pv` cannot move now (phase, deletion, vanished claim, users), or None."""
@@ -87,14 +94,11 @@ class Engine:
         if phase == "Released" and o.reclaim_policy(pv) == o.DELETE:
             return Outcome(name, direction, NOOP, "Released with policy Delete: its disk is being reclaimed")
         if phase == "Available" and o.claim_ref(pv) is not None and not o.claim_ref(pv).uid:  # type: ignore[union-attr]
-            return Outcome(name, direction, WAITING, "pre-bound to a claim; waiting for the PV binder")
+            message = "pre-bound to a claim; waiting for the PV binder"
+            return Outcome(name, direction, WAITING, message, reason=PRE_BOUND)
         if phase not in ELIGIBLE_PHASES:
-            return Outcome(
-                name,
-                direction,
-                WAITING,
-                f"phase {phase or 'unknown'}; waiting for Bound, Available or Released",
-            )
+            message = f"phase {phase or 'unknown'}; waiting for Bound, Available or Released"
+            return Outcome(name, direction, WAITING, message, reason=PHASE)
         claim = o.claim_ref(pv)
         if phase == "Bound" and claim is not None:
             found = self.ctx.claims.get(claim.namespace, claim.name)
@@ -108,7 +112,7 @@ class Engine:
         if claim is not None:
             claim_ref = Ref("v1", "PersistentVolumeClaim", claim.name, claim.namespace, claim.uid)
             self.ctx.events.emit(claim_ref, NORMAL, "MigrationWaiting", f"PV {name}: {message}")
-        return Outcome(name, direction, WAITING, message)
+        return Outcome(name, direction, WAITING, message, reason=IN_USE)
 
     def _journal(
         self, pv: o.JsonObj, direction: str, plugin: str, journal_id: str, target: o.JsonObj
@@ -304,9 +308,9 @@ class Engine:
             lock.save(journal)
             return Outcome(name, direction, PENDING, str(exc))
         except InUse as exc:
-            return self._abort(lock, journal, f"in use by {exc}; nothing was changed")
+            return self._abort(lock, journal, f"in use by {exc}; nothing was changed", IN_USE)
         except Changed as exc:
-            return self._abort(lock, journal, str(exc))
+            return self._abort(lock, journal, str(exc), CHANGED)
         except Refused as exc:
             return self._stuck(journal, exc)
         return self._finish(journal)
@@ -335,7 +339,7 @@ class Engine:
         )
         return Outcome(journal.pv, journal.direction, DONE, message)
 
-    def _abort(self, lock: PVLock, journal: Journal, why: str) -> Outcome:
+    def _abort(self, lock: PVLock, journal: Journal, why: str, reason: str) -> Outcome:
         """Stopped before the old PV was deleted: put its policy back (when it is still there) and drop
         the journal, so the next attempt starts from a fresh record."""
 
@@ -347,4 +351,4 @@ class Engine:
         with contextlib.suppress(Changed):  # the old PV is gone or replaced: no policy of ours to put back
             patch_fresh(self.ctx, journal.pv, journal.source_uid, put_back, gone=Changed)
         lock.save(None)
-        return Outcome(journal.pv, journal.direction, WAITING, why)
+        return Outcome(journal.pv, journal.direction, WAITING, why, reason=reason)
