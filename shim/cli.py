@@ -2,9 +2,10 @@
 (`controller`, `apply`, `rollback`, `status`: shim.migrate, imported only for those commands).
 
 Exit codes: 0 success (`plan`: nothing blocks), 1 something cannot be translated (`plan`: something
-blocks; `apply`/`rollback`: something is blocked), 2 usage or input errors (bad flags, invalid
-YAML/JSON, unknown kind, missing fields, an unusable kubeconfig, an unreachable cluster). Errors are
-one line per problem on stderr, naming the document and field; no traceback. `translate` prints
+blocks; `apply`/`rollback`: something is blocked, or a request they cannot go on without failed),
+2 usage or input errors (bad flags, invalid YAML/JSON, unknown kind, missing fields, an unusable
+kubeconfig, an unreachable cluster, credentials the cluster refuses). Errors are one line per problem on
+stderr, naming the document and field, or the request that failed; no traceback. `translate` prints
 nothing when any document fails, so partial output is never applied.
 """
 
@@ -330,7 +331,11 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         return _run_plan(args, out)
     from shim.migrate import commands  # the controller's modules load only for its commands
 
-    return commands.run(args, out)
+    try:
+        return commands.run(args, out)
+    except commands.ClusterError as exc:
+        err.write(f"ballast-migrate: {exc}\n")
+        return exc.exit_code
 
 
 def main(argv: Sequence[str] | None = None) -> int:

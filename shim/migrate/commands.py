@@ -1,13 +1,17 @@
 """Entry points of `ballast-migrate controller | apply | rollback | status` (after flag parsing).
 
 Exit codes: 0 done; 1 something blocked (or, for the controller, its leader lease was lost, so the
-pod restarts as Kubernetes' own components do); 2 bad input: flags that do not fit, an unusable
-kubeconfig, an API server that cannot be reached or refuses the first request.
+pod restarts as Kubernetes' own components do); 2 bad input: flags that do not fit (a --namespace that
+is not a valid namespace name included), an unusable kubeconfig, an API server that cannot be reached
+or refuses the first request. A later API error of `apply`, `rollback` or `status` that stops the
+command raises oneshot.ClusterError: exit 2 when the credentials are refused (401, 403) or no response
+came, else 1.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import signal
 import threading
 from typing import TextIO
@@ -21,10 +25,21 @@ from shim.migrate.kube import PVS, ApiError, KubeClient
 from shim.migrate.leader import ElectionConfig, LeaderElector
 from shim.migrate.lock import Holder, PVLocks
 from shim.migrate.metrics import Metrics, MetricsServer
+from shim.migrate.oneshot import ClusterError
 from shim.migrate.options import KubeConfigError, UsageError, check, version
 from shim.migrate.usage import LiveClaims, live_usage
 
 LEADER_LEASE = "ballast-migrate-controller"
+NAMESPACE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")  # an RFC 1123 label, as Kubernetes wants
+
+
+def _check_namespace(namespace: str) -> None:
+    """UsageError unless `namespace` can name a namespace (the API server would list nothing in it)."""
+    if not NAMESPACE_NAME.fullmatch(namespace):
+        raise UsageError(
+            f"--namespace: {namespace!r} is not a valid namespace name (at most 63 lowercase letters, "
+            "digits and '-', starting and ending with a letter or digit)"
+        )
 
 
 def _elector(args: argparse.Namespace, client: KubeClient, metrics: Metrics) -> LeaderElector:
@@ -91,12 +106,14 @@ def run_one_shot(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def run(args: argparse.Namespace, out: TextIO) -> int:
-    """Run a migration subcommand; UsageError / KubeConfigError propagate (exit 2 in the CLI)."""
+    """Run a migration subcommand; UsageError / KubeConfigError propagate (exit 2 in the CLI), and
+    ClusterError (its exit_code)."""
     check(args)
+    _check_namespace(args.namespace)
     failpoints.validate_environment()
     if args.command == "controller":
         return run_controller(args)
     return run_one_shot(args, out)
 
 
-__all__ = ["KubeConfigError", "UsageError", "run"]
+__all__ = ["ClusterError", "KubeConfigError", "UsageError", "run"]

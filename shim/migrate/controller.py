@@ -206,7 +206,7 @@ class Controller:
 
     def _after(self, key: str, outcome: Outcome | None) -> None:
         result = None if outcome is None else outcome.result
-        self._sync.note_waiting(key, result == WAITING)
+        self._sync.note_waiting(key, outcome.reason if outcome is not None and result == WAITING else None)
         if result == FAILED:
             self._retry(key)
             return

@@ -11,7 +11,7 @@ from shim.manifests import IN_TREE_SOURCES, in_tree_source_key
 from shim.migrate import objects as o
 from shim.migrate.actor import Actor
 from shim.migrate.cache import Caches
-from shim.migrate.engine import Outcome
+from shim.migrate.engine import WAIT_REASONS, Outcome
 from shim.migrate.events import NORMAL, WARNING, Ref
 from shim.migrate.journal import CONVERT, ROLLBACK
 from shim.migrate.kube import STORAGE_CLASSES
@@ -32,7 +32,7 @@ class Syncer:
         self._dry_run = dry_run
         self.inline: dict[str, list[str]] = {}  # pod key -> plugins of its in-tree inline volumes
         self.twins: set[str] = set()  # names of our twins seen in the last list
-        self._waiting: set[str] = set()
+        self._waiting: dict[str, str] = {}  # PV key -> why it waits
         self._lock = threading.Lock()
 
     # ---------------------------------------------------------------- PVs
@@ -76,14 +76,18 @@ class Syncer:
             return None
         return self._actor.engine.run(name, direction)
 
-    def note_waiting(self, key: str, waiting: bool) -> None:
+    def note_waiting(self, key: str, reason: str | None) -> None:
+        """Record why PV key `key` waits (engine.WAIT_REASONS; None: it does not) and set the gauge."""
         with self._lock:
-            if waiting:
-                self._waiting.add(key)
+            if reason is None:
+                self._waiting.pop(key, None)
             else:
-                self._waiting.discard(key)
-            count = len(self._waiting)
-        self._actor.metrics.waiting.labels("in-use").set(count)
+                self._waiting[key] = reason
+            counts = {r: 0 for r in WAIT_REASONS}
+            for why in self._waiting.values():
+                counts[why] = counts.get(why, 0) + 1
+        for why, count in counts.items():
+            self._actor.metrics.waiting.labels(why).set(count)
 
     # ---------------------------------------------------------------- StorageClasses
 

@@ -8,8 +8,13 @@ the callers count, report and retry, never a crash. `direction=None` only finish
 Results: done; noop (nothing to do); pending (waits for the claim to rebind: the lock is kept, call
 again); waiting (in use: Events on the PV and its claim, try later); busy (another actor holds the
 lock); skipped (bad input: Event + metric; not retried until the object changes); refused (the cluster
-differs from the record or journal: Event, left for a person); failed (API error: retry later);
-planned (dry run: what would be created).
+differs from the record or journal: Event, left for a person); failed (API error, including one taking
+the lock: retry later); planned (dry run: what would be created). Waiting and skipped outcomes carry a
+`reason` (WAIT_REASONS for waiting; the skip metric's label for skipped).
+
+A PV whose CSI form or journal would not fit Kubernetes' 256 KiB limit on an object's annotations is
+skipped ("too-large"): the CSI PV carries the PV's annotations plus its record, and the journal in the
+lock Lease carries the record and the new PV, so either write would fail on every attempt.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import contextlib
 import logging
 import threading
 import uuid
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import NamedTuple
 
@@ -35,6 +41,13 @@ DONE, NOOP, PENDING, WAITING, BUSY = "done", "noop", "pending", "waiting", "busy
 SKIPPED, REFUSED, FAILED, PLANNED = "skipped", "refused", "failed", "planned"
 RETRY_LATER = frozenset({PENDING, WAITING, BUSY, FAILED})
 ELIGIBLE_PHASES = frozenset({"Bound", "Available", "Released"})
+# Why a PV waits (Outcome.reason of waiting outcomes; the label of ballast_migrate_volumes_waiting):
+# used by a pod or attachment; a phase that cannot move (Pending, Failed); pre-bound, waiting for the PV
+# binder; changed under a conversion that had not deleted it yet (it starts over from a fresh record).
+IN_USE, PHASE, PRE_BOUND, CHANGED = "in-use", "phase", "pre-bound", "changed"
+WAIT_REASONS = (IN_USE, PHASE, PRE_BOUND, CHANGED)
+ANNOTATIONS_LIMIT = 256 * 1024  # Kubernetes' limit on an object's annotations: keys plus values, in bytes
+JOURNAL_HEADROOM = 4 * 1024  # the Lease's other annotations, and what the journal records as it runs
 
 
 class Outcome(NamedTuple):
@@ -43,6 +56,12 @@ class Outcome(NamedTuple):
     result: str
     message: str
     target: o.JsonObj | None = None
+    reason: str = ""
+
+
+def annotations_size(annotations: Mapping[str, str]) -> int:
+    """Bytes Kubernetes counts against ANNOTATIONS_LIMIT: every key and value, UTF-8 encoded."""
+    return sum(len(key.encode()) + len(value.encode()) for key, value in annotations.items())
 
 
 def _pv_ref(pv: o.JsonObj) -> Ref:
@@ -65,7 +84,7 @@ class Engine:
     def _skip(self, pv: o.JsonObj, direction: str, reason: str, message: str) -> Outcome:
         self.ctx.metrics.skips.labels(reason).inc()
         self.ctx.events.emit(_pv_ref(pv), WARNING, "MigrationSkipped", f"{direction} skipped: {message}")
-        return Outcome(o.name_of(pv), direction, SKIPPED, f"{reason}: {message}")
+        return Outcome(o.name_of(pv), direction, SKIPPED, f"{reason}: {message}", reason=reason)
 
     def _blocked(self, pv: o.JsonObj, direction: str) -> Outcome | None:
         """Why `pv` cannot move now (phase, deletion, vanished claim, users), or None."""
@@ -75,14 +94,11 @@ class Engine:
         if phase == "Released" and o.reclaim_policy(pv) == o.DELETE:
             return Outcome(name, direction, NOOP, "Released with policy Delete: its disk is being reclaimed")
         if phase == "Available" and o.claim_ref(pv) is not None and not o.claim_ref(pv).uid:  # type: ignore[union-attr]
-            return Outcome(name, direction, WAITING, "pre-bound to a claim; waiting for the PV binder")
+            message = "pre-bound to a claim; waiting for the PV binder"
+            return Outcome(name, direction, WAITING, message, reason=PRE_BOUND)
         if phase not in ELIGIBLE_PHASES:
-            return Outcome(
-                name,
-                direction,
-                WAITING,
-                f"phase {phase or 'unknown'}; waiting for Bound, Available or Released",
-            )
+            message = f"phase {phase or 'unknown'}; waiting for Bound, Available or Released"
+            return Outcome(name, direction, WAITING, message, reason=PHASE)
         claim = o.claim_ref(pv)
         if phase == "Bound" and claim is not None:
             found = self.ctx.claims.get(claim.namespace, claim.name)
@@ -96,12 +112,12 @@ class Engine:
         if claim is not None:
             claim_ref = Ref("v1", "PersistentVolumeClaim", claim.name, claim.namespace, claim.uid)
             self.ctx.events.emit(claim_ref, NORMAL, "MigrationWaiting", f"PV {name}: {message}")
-        return Outcome(name, direction, WAITING, message)
+        return Outcome(name, direction, WAITING, message, reason=IN_USE)
 
     def _journal(
         self, pv: o.JsonObj, direction: str, plugin: str, journal_id: str, target: o.JsonObj
-    ) -> Journal:
-        return Journal(
+    ) -> Journal | Outcome:
+        journal = Journal(
             id=journal_id,
             direction=direction,
             pv=o.name_of(pv),
@@ -115,6 +131,29 @@ class Engine:
             started_by=self._identity,
             started_at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         )
+        return self._fits(pv, journal)
+
+    def _fits(self, pv: o.JsonObj, journal: Journal) -> Journal | Outcome:
+        """The journal, or a "too-large" skip when the new PV or the journal's Lease would exceed
+        ANNOTATIONS_LIMIT (the API server would refuse every attempt with 422 Too long)."""
+        direction, limit = journal.direction, ANNOTATIONS_LIMIT
+        target = annotations_size(o.annotations_of(journal.target))
+        if target > limit:
+            kept = "its annotations" + (" and the record of the original" if direction == CONVERT else "")
+            message = (
+                f"the new PV would carry {target} bytes of annotations ({kept}); "
+                f"Kubernetes allows {limit}: remove large annotations from the PV"
+            )
+            return self._skip(pv, direction, "too-large", message)
+        journal_size = len(journal.to_json().encode()) + JOURNAL_HEADROOM
+        if journal_size > limit:
+            message = (
+                f"its journal (the record of the PV and the PV to create) would take {journal_size} bytes "
+                f"of its lock Lease's annotations; Kubernetes allows {limit}: remove large annotations "
+                "from the PV"
+            )
+            return self._skip(pv, direction, "too-large", message)
+        return journal
 
     def assess_convert(self, pv: o.JsonObj, journal_id: str) -> Journal | Outcome:
         name, plugin = o.name_of(pv), o.in_tree_plugin(pv)
@@ -163,10 +202,13 @@ class Engine:
 
     def plan(self, name: str, direction: str) -> Outcome:
         """Dry run: what `run` would do, without taking a lock or changing anything."""
-        pv = get_pv(self.ctx, name)
-        if pv is None:
-            return Outcome(name, direction, NOOP, "the PV does not exist")
-        planned = self.assess(pv, direction)
+        try:
+            pv = get_pv(self.ctx, name)
+            if pv is None:
+                return Outcome(name, direction, NOOP, "the PV does not exist")
+            planned = self.assess(pv, direction)
+        except ApiError as exc:
+            return Outcome(name, direction, FAILED, f"API error: {exc}")
         if isinstance(planned, Outcome):
             return planned
         return Outcome(name, direction, PLANNED, f"would {direction}", planned.target)
@@ -184,6 +226,8 @@ class Engine:
             ref = Ref("v1", "PersistentVolume", name)
             self.ctx.events.emit(ref, WARNING, "MigrationStuck", f"its journal cannot be used: {exc}")
             return self._count(Outcome(name, direction or "", REFUSED, str(exc)))
+        except ApiError as exc:  # e.g. no such namespace, or RBAC: nothing was changed; retry later
+            return self._count(Outcome(name, direction or "", FAILED, f"taking its lock: API error: {exc}"))
         if lock is None:
             return Outcome(name, "", NOOP, "no journal to finish")
         return self._count(self._under_lock(lock, name, direction))
@@ -264,9 +308,9 @@ class Engine:
             lock.save(journal)
             return Outcome(name, direction, PENDING, str(exc))
         except InUse as exc:
-            return self._abort(lock, journal, f"in use by {exc}; nothing was changed")
+            return self._abort(lock, journal, f"in use by {exc}; nothing was changed", IN_USE)
         except Changed as exc:
-            return self._abort(lock, journal, str(exc))
+            return self._abort(lock, journal, str(exc), CHANGED)
         except Refused as exc:
             return self._stuck(journal, exc)
         return self._finish(journal)
@@ -295,7 +339,7 @@ class Engine:
         )
         return Outcome(journal.pv, journal.direction, DONE, message)
 
-    def _abort(self, lock: PVLock, journal: Journal, why: str) -> Outcome:
+    def _abort(self, lock: PVLock, journal: Journal, why: str, reason: str) -> Outcome:
         """Stopped before the old PV was deleted: put its policy back (when it is still there) and drop
         the journal, so the next attempt starts from a fresh record."""
 
@@ -307,4 +351,4 @@ class Engine:
         with contextlib.suppress(Changed):  # the old PV is gone or replaced: no policy of ours to put back
             patch_fresh(self.ctx, journal.pv, journal.source_uid, put_back, gone=Changed)
         lock.save(None)
-        return Outcome(journal.pv, journal.direction, WAITING, why)
+        return Outcome(journal.pv, journal.direction, WAITING, why, reason=reason)

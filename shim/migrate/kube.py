@@ -280,6 +280,14 @@ def _pool(configuration: Any, size: int) -> urllib3.PoolManager:
     )
 
 
+def _config_problem(kubeconfig: str | None, exc: Exception) -> str:
+    if kubeconfig is None:
+        return f"in-cluster configuration: cannot use it: {exc}"
+    if isinstance(exc, (TypeError, AttributeError, UnicodeDecodeError)):  # the loader met no YAML mapping
+        return f"{kubeconfig}: not a kubeconfig (expected a YAML mapping of clusters, users and contexts)"
+    return f"{kubeconfig}: cannot use it: {exc}"
+
+
 def connect(
     kubeconfig: str | None,
     context: str | None = None,
@@ -302,9 +310,8 @@ def connect(
             loaders.load_kube_config(
                 config_file=kubeconfig, context=context, client_configuration=configuration
             )
-    except (ConfigException, OSError, ValueError, TypeError, yaml.YAMLError) as exc:
-        where = kubeconfig or "in-cluster configuration"
-        raise KubeConfigError(f"{where}: cannot use it: {exc}") from None
+    except (ConfigException, OSError, ValueError, TypeError, AttributeError, yaml.YAMLError) as exc:
+        raise KubeConfigError(_config_problem(kubeconfig, exc)) from None
     connection = Connection(
         configuration.host.rstrip("/"), _pool(configuration, pool_size), _auth_headers(configuration)
     )

@@ -4,11 +4,13 @@ Series (all prefixed ballast_migrate_):
 - operations_total{direction, result}: conversions and rollbacks by how they ended (done, waiting,
   busy, skipped, refused, failed);
 - skips_total{reason}: PVs and objects left alone because of bad input or state (translation-failed,
-  unknown-plugin, bad-record, claim-vanished, ...);
+  unknown-plugin, bad-record, claim-vanished, too-large, ...);
 - api_requests_total{verb, resource, code}: every Kubernetes API request (code 0: no response);
 - conflicts_retried_total: API 409 conflicts that were retried on fresh state;
 - operation_seconds{direction}: time from the first step to done;
-- volumes_waiting{reason}: PVs that would move but wait (in-use, bound, unregistered);
+- volumes_waiting{reason}: PVs that would move but wait, by why (engine.WAIT_REASONS): in-use (a pod
+  or attachment uses it), phase (Pending, Failed), pre-bound (waits for the PV binder), changed (it
+  changed under a conversion, which starts over);
 - inline_volumes{plugin}: in-tree pod volumes seen (reported, never converted);
 - leader: 1 while this process leads (or runs without leader election);
 - info{version, identity}: always 1.

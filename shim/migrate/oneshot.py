@@ -7,17 +7,24 @@ also creates the StorageClass twins of those plugins and rollback removes the un
 
 Busy locks are waited for and claims that rebind are waited for, up to --timeout; a PV in use is not
 waited for (it is reported, exit 1; run again once it is free). Exit 0 when everything selected ended
-done, noop or planned; 1 otherwise.
+done, noop or planned; 1 otherwise. A PV whose run raised something unexpected, or that got no result
+at all, counts as failed (logged once; the traceback only at debug level).
+
+The cluster is read (PVs, lock Leases, StorageClasses) before anything changes; an API error there
+raises ClusterError, naming what failed, with the exit code: 2 when the cluster or the credentials
+cannot be used (401, 403, no response), else 1. Once PVs move, API errors become failed results.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import logging
 import threading
 import time
-from collections.abc import Iterable
-from typing import TextIO
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TextIO
 
 from shim import TranslationError
 from shim.migrate import kube
@@ -25,14 +32,34 @@ from shim.migrate import objects as o
 from shim.migrate.actor import Actor
 from shim.migrate.engine import BUSY, DONE, FAILED, NOOP, PENDING, PLANNED, Engine, Outcome
 from shim.migrate.journal import CONVERT
+from shim.migrate.kube import ApiError
 from shim.migrate.lock import has_journal, pv_of
 from shim.migrate.options import UsageError
 from shim.migrate.table import render_table
-from shim.migrate.twins import ANN_PLUGIN, TwinResult, is_twin
+from shim.migrate.twins import ANN_PLUGIN, ANN_TWIN_OF, TwinResult, is_twin, twin_name
 from shim.migrate.workqueue import WorkQueue
 
+log = logging.getLogger(__name__)
 OK_RESULTS = frozenset({DONE, NOOP, PLANNED})
 RETRY_DELAYS = {PENDING: 1.0, FAILED: 5.0}
+UNUSABLE = frozenset({0, 401, 403})  # no response, credentials refused, not allowed
+
+
+class ClusterError(Exception):
+    """A request a command cannot go on without failed; `exit_code` 2 for UNUSABLE statuses, else 1."""
+
+    def __init__(self, what: str, cause: ApiError) -> None:
+        super().__init__(f"{what}: {cause}")
+        self.exit_code = 2 if cause.status in UNUSABLE else 1
+
+
+@contextlib.contextmanager
+def doing(what: str) -> Iterator[None]:
+    """Raise an ApiError inside as a ClusterError saying `what` failed."""
+    try:
+        yield
+    except ApiError as exc:
+        raise ClusterError(what, exc) from None
 
 
 class Runner:
@@ -60,7 +87,8 @@ class Runner:
         for thread in threads:
             thread.join()
         self._engine.release_held()
-        return [self._results[name] for name in ordered if name in self._results]
+        lost = Outcome("", direction, FAILED, "no result: its worker stopped before it finished")
+        return [self._results.get(name, lost._replace(pv=name)) for name in ordered]
 
     def _work(self, direction: str) -> None:
         while True:
@@ -72,6 +100,10 @@ class Runner:
                 continue
             try:
                 outcome = self._one(key, direction)
+            except Exception as exc:  # a bug or an unforeseen error: this PV failed, the others go on
+                debug = log.isEnabledFor(logging.DEBUG)  # the traceback only when debugging
+                log.error("PV %s: %s failed: %r", key, direction, exc, exc_info=debug)
+                outcome = Outcome(key, direction, FAILED, f"unexpected error: {exc!r}")
             finally:
                 self._queue.done(key)
             with self._lock:
@@ -100,10 +132,13 @@ def _plugin_of(pv: o.JsonObj, actor: Actor, direction: str) -> str | None:
 
 def select(args: argparse.Namespace, actor: Actor, direction: str) -> list[str]:
     """PV names to run, in name order (see the module docstring); unfinished journals included."""
-    pvs, _ = actor.client.list_all(kube.PVS, labelSelector=args.selector or None)
+    with doing("listing PersistentVolumes"):
+        pvs, _ = actor.client.list_all(kube.PVS, labelSelector=args.selector or None)
+    with doing(f"listing the lock Leases in namespace {actor.locks.namespace}"):
+        leases = actor.locks.list_leases()
     names = {o.name_of(pv) for pv in pvs}
     missing = [n for n in args.pv if n not in names]
-    journals = {pv_of(lease) for lease in actor.locks.list_leases() if has_journal(lease)}
+    journals = {pv_of(lease) for lease in leases if has_journal(lease)}
     if args.pv:
         unknown = [n for n in missing if n not in journals]
         if unknown:
@@ -118,11 +153,20 @@ def select(args: argparse.Namespace, actor: Actor, direction: str) -> list[str]:
     return sorted(chosen | journals)
 
 
-def twins(args: argparse.Namespace, actor: Actor, direction: str) -> list[TwinResult]:
-    """Create (apply) or remove unused (rollback) twins of the selected plugins; none with --pv."""
+def storage_classes(args: argparse.Namespace, actor: Actor) -> list[o.JsonObj]:
+    """Every StorageClass, read before any PV moves; none with --pv (twins are left alone then)."""
     if args.pv:
         return []
-    classes, _ = actor.client.list_all(kube.STORAGE_CLASSES)
+    with doing("listing StorageClasses"):
+        classes, _ = actor.client.list_all(kube.STORAGE_CLASSES)
+    return classes
+
+
+def twins(
+    args: argparse.Namespace, actor: Actor, direction: str, classes: list[o.JsonObj]
+) -> list[TwinResult]:
+    """Create (apply) or remove unused (rollback) twins of the selected plugins among `classes`; an
+    API error fails that twin only."""
     plugins = set(args.plugin) or None
     if direction == CONVERT:
         chosen = [
@@ -130,30 +174,40 @@ def twins(args: argparse.Namespace, actor: Actor, direction: str) -> list[TwinRe
         ]
         if args.dry_run:
             return [_planned(actor, sc) for sc in chosen]
-        return [actor.twins.ensure(sc) for sc in chosen]
+        return [_guarded(o.name_of(sc), twin_name(o.name_of(sc)), actor.twins.ensure, sc) for sc in chosen]
     ours = [
         sc
         for sc in classes
         if is_twin(sc) and _wanted(o.annotations_of(sc).get(ANN_PLUGIN, ""), plugins, actor)
     ]
-    claims, _ = actor.client.list_all(kube.PVCS) if ours else ([], "")
+    try:
+        claims, _ = actor.client.list_all(kube.PVCS) if ours else ([], "")
+    except ApiError as exc:
+        failed = f"listing PersistentVolumeClaims: API error: {exc}"
+        return [TwinResult(_twin_of(twin), o.name_of(twin), FAILED, failed) for twin in ours]
     results = []
     for twin in ours:
         users = [
             o.name_of(c) for c in claims if (c.get("spec") or {}).get("storageClassName") == o.name_of(twin)
         ]
         if args.dry_run:
-            results.append(
-                TwinResult(
-                    o.annotations_of(twin).get("migration.ballast.io/twin-of", ""),
-                    o.name_of(twin),
-                    "planned",
-                    f"would remove once unused ({len(users)} use it)",
-                )
-            )
+            message = f"would remove once unused ({len(users)} use it)"
+            results.append(TwinResult(_twin_of(twin), o.name_of(twin), "planned", message))
         else:
-            results.append(actor.twins.remove(twin, users))
+            results.append(_guarded(_twin_of(twin), o.name_of(twin), actor.twins.remove, twin, users))
     return results
+
+
+def _twin_of(twin: o.JsonObj) -> str:
+    return o.annotations_of(twin).get(ANN_TWIN_OF, "")
+
+
+def _guarded(original: str, twin: str, action: Callable[..., TwinResult], *args: Any) -> TwinResult:
+    """`action(*args)`, or a failed result when it meets an API error."""
+    try:
+        return action(*args)
+    except ApiError as exc:
+        return TwinResult(original, twin, FAILED, f"API error: {exc}")
 
 
 def _wanted(plugin: str, plugins: set[str] | None, actor: Actor) -> bool:
@@ -199,9 +253,10 @@ def write(outcomes: list[Outcome], twin_results: list[TwinResult], output: str, 
 
 def run(args: argparse.Namespace, actor: Actor, direction: str, out: TextIO) -> int:
     names = select(args, actor, direction)
+    classes = storage_classes(args, actor)
     runner = Runner(actor.engine, args.workers, args.timeout, args.lock_duration, args.dry_run)
     outcomes = runner.run(names, direction)
-    twin_results = twins(args, actor, direction)
+    twin_results = twins(args, actor, direction, classes)
     write(outcomes, twin_results, args.output, out)
     blocked = [x for x in outcomes if x.result not in OK_RESULTS]
     blocked_twins = [t for t in twin_results if t.result not in OK_RESULTS]

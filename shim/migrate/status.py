@@ -3,6 +3,7 @@
 States: `in-tree` (with what uses it), `converted` (by whom, to which driver and handle),
 `converting` / `rolling back` (a journal: its step, and who holds the lock until when, or `paused`
 when no one does), `record unreadable` (a converted PV whose record cannot be used). Read-only.
+An API error raises oneshot.ClusterError naming what could not be read.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from shim.migrate import kube
 from shim.migrate import objects as o
 from shim.migrate.journal import CONVERT, JournalError
 from shim.migrate.lock import ANN_JOURNAL, ANN_VERSION, PVLocks, holder_of, journal_of, pv_of
+from shim.migrate.oneshot import doing
 from shim.migrate.table import render_table
 from shim.migrate.twins import ANN_PLUGIN, ANN_TWIN_OF, is_default, is_twin
 from shim.migrate.usage import Usage, is_terminated
@@ -55,7 +57,8 @@ def _volume_row(pv: o.JsonObj, usage: Usage) -> VolumeRow | None:
     claim = str(o.claim_ref(pv) or "-")
     plugin = o.in_tree_plugin(pv)
     if plugin is not None:
-        users = usage.users(pv)
+        with doing(f"finding the pods and VolumeAttachments that use PV {name}"):
+            users = usage.users(pv)
         detail = f"in use by {', '.join(users)}" if users else "not in use"
         return VolumeRow(name, plugin, phase, claim, "in-tree", detail)
     if o.ANN_ORIGINAL not in o.annotations_of(pv):
@@ -73,8 +76,11 @@ def _volume_row(pv: o.JsonObj, usage: Usage) -> VolumeRow | None:
 def volume_rows(
     args: argparse.Namespace, client: kube.KubeClient, locks: PVLocks, usage: Usage
 ) -> list[VolumeRow]:
-    pvs = {o.name_of(pv): pv for pv in client.list_all(kube.PVS, labelSelector=args.selector or None)[0]}
-    leases = {pv_of(lease): lease for lease in locks.list_leases()}
+    with doing("listing PersistentVolumes"):
+        listed = client.list_all(kube.PVS, labelSelector=args.selector or None)[0]
+    with doing(f"listing the lock Leases in namespace {locks.namespace}"):
+        leases = {pv_of(lease): lease for lease in locks.list_leases()}
+    pvs = {o.name_of(pv): pv for pv in listed}
     rows: list[VolumeRow] = []
     for name in sorted(set(pvs) | set(leases)):
         pv = pvs.get(name)
@@ -92,7 +98,8 @@ def volume_rows(
 
 
 def twin_rows(client: kube.KubeClient) -> list[list[str]]:
-    classes = client.list_all(kube.STORAGE_CLASSES)[0]
+    with doing("listing StorageClasses"):
+        classes = client.list_all(kube.STORAGE_CLASSES)[0]
     return [
         [
             o.name_of(sc),
@@ -108,7 +115,9 @@ def twin_rows(client: kube.KubeClient) -> list[list[str]]:
 
 def inline_rows(client: kube.KubeClient) -> list[list[str]]:
     rows = []
-    for pod in client.list_all(kube.PODS)[0]:
+    with doing("listing pods"):
+        pods = client.list_all(kube.PODS)[0]
+    for pod in pods:
         if is_terminated(pod):
             continue
         for volume in (pod.get("spec") or {}).get("volumes") or []:

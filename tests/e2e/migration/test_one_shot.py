@@ -1,5 +1,6 @@
 """`ballast-migrate apply | rollback | status` against the real API server, as the chart's
-ServiceAccount: dry run, selection, exit codes, and finishing what a killed controller left.
+ServiceAccount: dry run, selection, exit codes (RBAC refusals and a lock in a missing namespace
+included), and finishing what a killed controller left.
 """
 
 from __future__ import annotations
@@ -9,9 +10,11 @@ from typing import Any
 
 import pytest
 
+from tests.e2e.cluster import Cluster
 from tests.e2e.kube import Kube, leases, pods, pvs
 from tests.e2e.migration.harness import (
     ALL_GATES,
+    MIGRATE,
     MOVE_TIMEOUT,
     MigrationRelease,
     back_in_tree,
@@ -21,6 +24,7 @@ from tests.e2e.migration.harness import (
     unique,
 )
 from tests.e2e.process import Process, wait_for
+from tests.shim.migrate.samples import sample_pv
 
 pytestmark = pytest.mark.slow
 
@@ -132,3 +136,35 @@ def test_controller_dry_run_changes_nothing_and_logs_json(
     assert {n: kube.get(pvs(n))["spec"] for n in names.values()} == before
     assert kube.items(leases(namespace)) == [], "a dry run takes no lock and elects no leader"
     assert events_about(kube, "default", names["aws-ebs"]) == []
+
+
+def test_api_errors_are_one_line_and_a_lock_that_cannot_be_taken_fails_its_pv(
+    release: MigrationRelease, cluster: Cluster, kube: Kube, namespace: str
+) -> None:
+    for command in ("status", "apply"):  # the chart's Role grants Leases in the release's namespace only
+        code, log = finished(release.one_shot(command, "--namespace=default"))
+        assert code == 2, log
+        assert log.startswith(
+            "ballast-migrate: listing the lock Leases in namespace default: 403 Forbidden: "
+            'leases.coordination.k8s.io is forbidden: User "system:serviceaccount:'
+        )
+        assert log.count("\n") == 1, "one line, no traceback"
+    name = unique("no-ns")
+    kube.create(pvs(), {"apiVersion": "v1", "kind": "PersistentVolume", **sample_pv("aws-ebs", name=name)})
+    argv = [
+        str(MIGRATE),
+        "apply",
+        f"--kubeconfig={cluster.admin_kubeconfig}",
+        "--namespace=no-such-namespace",
+    ]
+    admin = cluster.processes.start(f"{name}-apply", [*argv, f"--pv={name}", "--timeout=1s", "-o", "json"])
+    code, log = finished(admin)
+    assert code == 1, log
+    (volume,) = json_output(log)["volumes"]
+    assert volume["result"] == "failed"
+    assert (
+        volume["message"]
+        == 'taking its lock: API error: 404 NotFound: namespaces "no-such-namespace" not found'
+    )
+    assert "Traceback" not in log
+    assert "awsElasticBlockStore" in kube.get(pvs(name))["spec"]

@@ -17,6 +17,7 @@ from tests.conftest import REPO
 from tests.test_docs import flags, subparsers
 
 MIGRATE_COMMANDS = ("controller", "apply", "rollback", "status")
+NOT_A_KUBECONFIG = "not a kubeconfig (expected a YAML mapping of clusters, users and contexts)"
 
 
 def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -86,6 +87,15 @@ def closed_port_kubeconfig(tmp_path: Path) -> Path:
         pytest.param(
             ["apply", "--lock-duration", "1s"], "--lock-duration must be at least 2s", id="short-lock"
         ),
+        pytest.param(
+            ["status", "--namespace", "Bad_NS"],
+            "--namespace: 'Bad_NS' is not a valid namespace name",
+            id="namespace-invalid",
+        ),
+        pytest.param(
+            ["apply", "--namespace", "n" * 64], "is not a valid namespace name", id="namespace-too-long"
+        ),
+        pytest.param(["controller", "--namespace=ns-"], "'ns-' is not a valid namespace", id="ns-dash"),
     ],
 )
 def test_bad_flags_exit_2_with_a_clear_message(
@@ -117,11 +127,25 @@ def test_an_unreachable_cluster_is_bad_input(
         assert "cannot use the cluster" in err and "cannot reach the API server" in err
 
 
-def test_a_malformed_kubeconfig_is_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        pytest.param(b"clusters: [", "cannot use it: while parsing a flow node", id="malformed-yaml"),
+        pytest.param(b"root:x:0:0:root:/root:/bin/sh\nbin:x:1:1::/:/bin/no\n", NOT_A_KUBECONFIG, id="passwd"),
+        pytest.param(b"- a\n- b\n", NOT_A_KUBECONFIG, id="a-list"),
+        pytest.param(b"clusters: 5\ncontexts: x\n", NOT_A_KUBECONFIG, id="wrong-types"),
+        pytest.param(b"\x7fELF\x02\x01\x01\xd0\xff", NOT_A_KUBECONFIG, id="binary"),
+    ],
+)
+def test_a_file_that_is_no_usable_kubeconfig_is_bad_input(
+    content: bytes, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     bad = tmp_path / "kc"
-    bad.write_text("clusters: [")
+    bad.write_bytes(content)
     code, _, err = run(["status", "--kubeconfig", str(bad)], capsys)
-    assert code == 2 and f"{bad}: cannot use it" in err
+    assert code == 2
+    assert err.startswith(f"ballast-migrate: {bad}: {message}")
+    assert "object" not in err and "Traceback" not in err
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,141 @@
+"""The engine's assessment of a PV before it takes any step: why it waits (and the controller's gauge of
+waiting PVs by that reason), and PVs whose new form or journal would not fit Kubernetes' annotation limit.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shim.cli import build_parser
+from shim.migrate import kube
+from shim.migrate.actor import Actor, build
+from shim.migrate.controller import Controller
+from shim.migrate.engine import (
+    ANNOTATIONS_LIMIT,
+    IN_USE,
+    PHASE,
+    PRE_BOUND,
+    SKIPPED,
+    WAIT_REASONS,
+    WAITING,
+    Outcome,
+    annotations_size,
+)
+from shim.migrate.journal import CONVERT, Journal
+from shim.migrate.metrics import Metrics
+from shim.migrate.options import check
+from shim.migrate.usage import LiveClaims, UsageFrom
+from tests.shim.fake_kube_api import FakeKubeAPI
+from tests.shim.migrate.samples import sample_pv
+
+Obj = dict[str, Any]
+CLAIM = ("apps", "data", "claim-uid-1")
+USER_POD: Obj = {
+    "metadata": {"name": "db-0", "namespace": "apps"},
+    "spec": {"volumes": [{"name": "v", "persistentVolumeClaim": {"claimName": "data"}}]},
+    "status": {"phase": "Running"},
+}
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[tuple[kube.KubeClient, Path]]:
+    """A client of a fake API server holding the claim `apps/data`, and its kubeconfig."""
+    claim = {"metadata": {"name": "data", "namespace": "apps", "uid": CLAIM[2]}}
+    lists = {"/api/v1/namespaces/apps/persistentvolumeclaims": {"items": [claim], "metadata": {}}}
+    with FakeKubeAPI(lists) as api:
+        kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+        client = kube.connect(str(kubeconfig))
+        yield client, kubeconfig
+        client.close()
+
+
+@pytest.fixture
+def actor(cluster: tuple[kube.KubeClient, Path]) -> Actor:
+    """A dry-run actor (Events are only logged) whose only pod uses claim apps/data."""
+    client, kubeconfig = cluster
+    args = build_parser().parse_args(["apply", "--kubeconfig", str(kubeconfig), "--dry-run"])
+    check(args)
+    usage = UsageFrom(lambda: [], lambda namespace: [USER_POD] if namespace == "apps" else [])
+    return build(args, client, Metrics("test", "test"), LiveClaims(client), usage)
+
+
+def pv_in(phase: str, claim: tuple[str, str, str] | None = CLAIM) -> Obj:
+    pv = sample_pv("aws-ebs", name="pv-1", claim=claim)
+    pv["metadata"]["uid"] = "pv-uid-1"
+    pv["status"] = {"phase": phase}
+    return pv
+
+
+@pytest.mark.parametrize(
+    ("pv", "reason", "fragment"),
+    [
+        pytest.param(pv_in("Failed"), PHASE, "phase Failed", id="failed"),
+        pytest.param(pv_in("Pending", None), PHASE, "phase Pending", id="pending"),
+        pytest.param(pv_in("Available", ("apps", "data", "")), PRE_BOUND, "pre-bound", id="pre-bound"),
+        pytest.param(pv_in("Bound"), IN_USE, "in use by Pod apps/db-0 (Running)", id="in-use"),
+    ],
+)
+def test_a_waiting_pv_says_why(actor: Actor, pv: Obj, reason: str, fragment: str) -> None:
+    outcome = actor.engine.assess(pv, CONVERT)
+    assert isinstance(outcome, Outcome)
+    assert (outcome.result, outcome.reason) == (WAITING, reason)
+    assert fragment in outcome.message
+
+
+def test_the_waiting_gauge_counts_pvs_by_reason(cluster: tuple[kube.KubeClient, Path]) -> None:
+    client, kubeconfig = cluster
+    args = build_parser().parse_args(["controller", "--kubeconfig", str(kubeconfig)])
+    check(args)
+    metrics = Metrics("test", "test")
+    controller = Controller(client, metrics, args)
+    waits = {"pv/a": PHASE, "pv/b": PRE_BOUND, "pv/c": PHASE, "pv/d": IN_USE}
+    for key, reason in waits.items():
+        controller._after(key, Outcome(key[3:], CONVERT, WAITING, "waits", reason=reason))
+    controller._after("pv/c", Outcome("c", CONVERT, "done", "converted"))
+
+    def gauge(reason: str) -> float | None:
+        return metrics.registry.get_sample_value("ballast_migrate_volumes_waiting", {"reason": reason})
+
+    assert {reason: gauge(reason) for reason in WAIT_REASONS} == {
+        "in-use": 1.0,
+        "phase": 1.0,
+        "pre-bound": 1.0,
+        "changed": 0.0,
+    }
+
+
+def with_annotation(size: int) -> Obj:
+    pv = pv_in("Available", None)
+    pv["metadata"]["annotations"]["example.com/blob"] = "x" * size
+    return pv
+
+
+@pytest.mark.parametrize(
+    ("size", "fragment"),
+    [
+        pytest.param(100_000, "its journal (the record of the PV and the PV to create) would", id="journal"),
+        pytest.param(140_000, "the new PV would carry", id="new-pv"),
+    ],
+)
+def test_a_pv_too_large_to_convert_is_skipped_not_failed(actor: Actor, size: int, fragment: str) -> None:
+    outcome = actor.engine.assess(with_annotation(size), CONVERT)
+    assert isinstance(outcome, Outcome)
+    assert (outcome.result, outcome.reason) == (SKIPPED, "too-large")
+    assert outcome.message.startswith(f"too-large: {fragment}")
+    assert f"Kubernetes allows {ANNOTATIONS_LIMIT}" in outcome.message
+    skips = actor.metrics.registry.get_sample_value("ballast_migrate_skips_total", {"reason": "too-large"})
+    assert skips == 1
+    journal = actor.engine.assess(with_annotation(60_000), CONVERT)  # room for both: no skip
+    assert isinstance(journal, Journal)
+    assert annotations_size(journal.target["metadata"]["annotations"]) < ANNOTATIONS_LIMIT
+    assert len(journal.to_json()) < ANNOTATIONS_LIMIT
+
+
+def test_annotation_size_counts_keys_and_values_in_utf8_bytes() -> None:
+    assert annotations_size({"a/b": "é" * 10, "c": ""}) == 3 + 20 + 1
+    assert annotations_size(json.loads('{"k": "\\ud83d\\ude00"}')) == 1 + 4
