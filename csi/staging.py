@@ -2,9 +2,9 @@
 blank, mount, grow), bind-publish it, and unpublish and unstage it again (measuring and growing a staged
 volume: csi/sizing.py).
 
-Callers (NodeService) validate every request first and hold the volume's in-flight key around each call;
-nothing here re-checks paths or options. The mount table is the source of truth, so a restarted plugin
-picks up where the previous one stopped. Contracts (CSI spec):
+Callers (NodeService) validate every request and hold the volume's in-flight key around each call; paths
+are checked again only right before a mount or unmount (csi/paths.py). The mount table is the source
+of truth, so a restarted plugin picks up where the previous one stopped. Contracts (CSI spec):
 - stage/publish twice with the same arguments -> OK; the path holds another volume or the same one with
   other options (or the other access type) -> AlreadyExistsError. Unstage/unpublish of something not
   mounted -> OK.
@@ -16,8 +16,7 @@ picks up where the previous one stopped. Contracts (CSI spec):
   while its filesystem is mounted or a pod has its device node; a device is released only when no
   mount, device-node bind or block staging uses it (a published block volume is not unstaged).
 - A stage that fails releases the device it prepared (unless something above still uses it): the CO
-  never unstages a stage that failed with a final error.
-- mkfs and fsck run at most `format_concurrency` at a time.
+  never unstages a stage that failed with a final error. mkfs and fsck run `format_concurrency` at once.
 """
 
 from __future__ import annotations
@@ -241,12 +240,13 @@ class Stager:
                 f"{device} is already mounted at {elsewhere[0]}; a volume is staged at one path per node, "
                 "so unstage it there first"
             )
-        os.makedirs(staging, exist_ok=True)
+        paths.make_dirs(staging, self._roots)  # the CO's, usually; never through a link planted since
         with self._format_slots:
             fs_type, grow = self._prepare(device, staging, fs, never_written)
         mount_flags = [*fs.flags, "ro"] if fs.readonly and "ro" not in fs.flags else list(fs.flags)
         if fs_type == "xfs" and "nouuid" not in mount_flags:
             mount_flags.append("nouuid")  # a restored snapshot or clone shares its source's UUID
+        paths.recheck(staging, self._roots)  # the format took a while: no link planted on the way since
         self._mounter.mount(device, staging, fs_type, mount_flags)
         failpoints.hit("node.stage.mounted")
         if grow:  # xfs grows only while mounted

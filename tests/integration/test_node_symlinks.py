@@ -142,3 +142,34 @@ def test_a_kubelet_dir_reached_through_a_link_keeps_working(node_env: NodeEnv) -
     node_env.unstage(vol)
     assert not os.path.exists(vol.target)
     assert Mounter().mount_at(str(real / Path(vol.staging).relative_to(node_env.kubelet))) is None
+
+
+def test_a_link_planted_in_the_staging_path_while_it_formats_stops_the_mount(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check at the request is seconds before the mount when the volume is formatted first: a parent
+    swapped for a link to outside/ in that time is found right before mount(2), which never happens."""
+    env = world.env
+    vol = env.volume()
+    parent = env.kubelet / "plugins" / "swap"
+    staging = parent / "globalmount"
+    staging.mkdir(parents=True)
+    (world.outside / "globalmount").mkdir()
+    real_mkfs = Mounter.mkfs
+
+    def mkfs_then_swap(self: Mounter, *args: Any, **kwargs: Any) -> None:
+        real_mkfs(self, *args, **kwargs)
+        parent.rename(parent.with_name("swap.real"))
+        parent.symlink_to(world.outside)
+
+    monkeypatch.setattr(Mounter, "mkfs", mkfs_then_swap)
+    before = world.snapshot()
+    request = csi_pb2.NodeStageVolumeRequest(
+        volume_id=vol.id,
+        staging_target_path=str(staging),
+        volume_capability=mount_cap(),
+        publish_context=vol.publish_context,
+    )
+    assert_code(env.client.node.NodeStageVolume, request, INVALID, contains="symbolic link")
+    assert world.snapshot() == before, "nothing mounted over outside/globalmount"
+    assert env.driver.backend.prepared_device(vol.id) is None, "the failed stage released its device"
