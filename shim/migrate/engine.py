@@ -57,6 +57,7 @@ class Outcome(NamedTuple):
     message: str
     target: o.JsonObj | None = None
     reason: str = ""
+    lasting: bool = False  # FAILED on a refusal a retry meets again (ApiError.lasting)
 
 
 def annotations_size(annotations: Mapping[str, str]) -> int:
@@ -208,7 +209,7 @@ class Engine:
                 return Outcome(name, direction, NOOP, "the PV does not exist")
             planned = self.assess(pv, direction)
         except ApiError as exc:
-            return Outcome(name, direction, FAILED, f"API error: {exc}")
+            return Outcome(name, direction, FAILED, f"API error: {exc}", lasting=exc.lasting)
         if isinstance(planned, Outcome):
             return planned
         return Outcome(name, direction, PLANNED, f"would {direction}", planned.target)
@@ -226,8 +227,9 @@ class Engine:
             ref = Ref("v1", "PersistentVolume", name)
             self.ctx.events.emit(ref, WARNING, "MigrationStuck", f"its journal cannot be used: {exc}")
             return self._count(Outcome(name, direction or "", REFUSED, str(exc)))
-        except ApiError as exc:  # e.g. no such namespace, or RBAC: nothing was changed; retry later
-            return self._count(Outcome(name, direction or "", FAILED, f"taking its lock: API error: {exc}"))
+        except ApiError as exc:  # e.g. no such namespace, or RBAC: nothing was changed
+            failed = Outcome(name, direction or "", FAILED, f"taking its lock: API error: {exc}")
+            return self._count(failed._replace(lasting=exc.lasting))
         if lock is None:
             return Outcome(name, "", NOOP, "no journal to finish")
         return self._count(self._under_lock(lock, name, direction))
@@ -258,7 +260,7 @@ class Engine:
         except LockLost as exc:
             return Outcome(name, direction or "", BUSY, str(exc))
         except ApiError as exc:
-            outcome = Outcome(name, direction or "", FAILED, f"API error: {exc}")
+            outcome = Outcome(name, direction or "", FAILED, f"API error: {exc}", lasting=exc.lasting)
         with self._held_lock:
             if outcome.result == PENDING:
                 self._held[name] = lock

@@ -44,6 +44,12 @@ class ApiError(Exception):
         return self.status == 404
 
     @property
+    def lasting(self) -> bool:
+        """A refusal the same request meets again (a missing namespace, RBAC, an invalid object); not
+        a conflict (409), throttling (429), a timeout (408), a server error or no response."""
+        return 400 <= self.status < 500 and self.status not in (408, 409, 429)
+
+    @property
     def conflict(self) -> bool:
         """409 Conflict: a resourceVersion or uid precondition failed (AlreadyExists is separate)."""
         return self.status == 409 and self.reason != "AlreadyExists"

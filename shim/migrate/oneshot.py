@@ -6,7 +6,8 @@ unfinished journal are always included, so a killed run is finished by the next.
 also creates the StorageClass twins of those plugins and rollback removes the unused ones.
 
 Busy locks are waited for and claims that rebind are waited for, up to --timeout; a PV in use is not
-waited for (it is reported, exit 1; run again once it is free). Exit 0 when everything selected ended
+waited for (it is reported, exit 1; run again once it is free), nor is one the API refused in a way a
+retry meets again (a missing namespace, RBAC: ApiError.lasting). Exit 0 when everything selected ended
 done, noop or planned; 1 otherwise. A PV whose run raised something unexpected, or that got no result
 at all, counts as failed (logged once; the traceback only at debug level).
 
@@ -114,7 +115,7 @@ class Runner:
             return self._engine.plan(name, direction)
         outcome = self._engine.run(name, direction)
         delay = self._busy_delay if outcome.result == BUSY else RETRY_DELAYS.get(outcome.result)
-        if delay is not None and time.monotonic() + delay < self._deadline:
+        if delay is not None and not outcome.lasting and time.monotonic() + delay < self._deadline:
             self._queue.add_after(name, delay)
         return outcome
 

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from shim.cli import main
+from shim.migrate import oneshot
 from shim.migrate.engine import DONE, FAILED, Outcome
 from shim.migrate.kube import ApiError
 from shim.migrate.oneshot import ClusterError, Runner
@@ -147,3 +148,54 @@ def test_a_pv_whose_run_raises_or_gets_no_result_is_failed_and_the_others_go_on(
     assert [r.getMessage() for r in caplog.records] == ["PV b: convert failed: KeyError('spec')"]
     assert not caplog.records[0].exc_info, "no traceback unless debug logging is on"
     assert engine.released
+
+
+class RefusingEngine:
+    """Fails every run, on a refusal that lasts (a missing namespace) or on one that may pass."""
+
+    def __init__(self, lasting: bool) -> None:
+        self.lasting, self.runs = lasting, 0
+
+    def run(self, name: str, direction: str) -> Outcome:
+        self.runs += 1
+        return Outcome(name, direction, FAILED, "taking its lock: API error", lasting=self.lasting)
+
+    def release_held(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    ("lasting", "retried"),
+    [
+        pytest.param(True, False, id="lasting-refusal-not-retried"),
+        pytest.param(False, True, id="other-retried"),
+    ],
+)
+def test_apply_retries_a_failure_only_when_a_retry_may_pass(
+    monkeypatch: pytest.MonkeyPatch, lasting: bool, retried: bool
+) -> None:
+    """`apply --namespace typo` waited out --timeout (15 minutes) retrying a lock the namespace's absence
+    refuses every time; a failure a retry may get past is still retried until the deadline."""
+    monkeypatch.setitem(oneshot.RETRY_DELAYS, FAILED, 0.01)
+    engine = RefusingEngine(lasting)
+    runner = oneshot.Runner(engine, workers=1, timeout=0.5, lock_seconds=1, dry_run=False)  # type: ignore[arg-type]
+    (outcome,) = runner.run([IN_TREE_PV], "convert")
+    assert outcome.result == FAILED
+    assert (engine.runs > 1) == retried
+
+
+@pytest.mark.parametrize(
+    ("status", "lasting"),
+    [
+        (403, True),
+        (404, True),
+        (422, True),
+        (409, False),
+        (429, False),
+        (408, False),
+        (500, False),
+        (0, False),
+    ],
+)
+def test_which_api_errors_last(status: int, lasting: bool) -> None:
+    assert ApiError(status, "", "no").lasting == lasting
