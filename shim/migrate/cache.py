@@ -2,9 +2,12 @@
 
 A Reflector lists a resource (paged), replaces its Store with the result, then watches from the list's
 resourceVersion, applying ADDED / MODIFIED / DELETED and following BOOKMARKs. A watch that ends is
-resumed from the last resourceVersion; an expired one (410 Gone) or any error relists after a short
-backoff. Every change is passed to `on_change(old, new)` (None for a missing side), also for objects
-that a relist adds, changes or drops. List items get the apiVersion and kind that list responses omit.
+resumed from the last resourceVersion; an expired one (410 Gone) or any error (a broken stream, an
+unexpected exception, whatever its type) relists after a backoff: a reflector never stops before
+`stop()`. `synced` is set while the Store follows the API server: it is cleared when a list or watch
+fails and set again when the next relist completes, so readers can tell a frozen Store from a live one.
+Every change is passed to `on_change(old, new)` (None for a missing side), also for objects that a
+relist adds, changes or drops. List items get the apiVersion and kind that list responses omit.
 """
 
 from __future__ import annotations
@@ -117,14 +120,20 @@ class Reflector:
                 version = self._relist()
                 failures = 0
                 self._watch(version)
-            except (ApiError, ValueError, OSError) as exc:
+            except Exception as exc:  # whatever broke (a callback too), relist: the thread must not die
+                self.synced.clear()
                 delay = BACKOFF_SECONDS[min(failures, len(BACKOFF_SECONDS) - 1)]
                 failures += 1
-                if not (isinstance(exc, ApiError) and exc.gone):
-                    log.warning(
-                        "%s: list/watch failed (retrying in %.1fs): %s", self._resource.plural, delay, exc
-                    )
+                self._log_failure(exc, delay)
                 self._stop.wait(delay)
+
+    def _log_failure(self, exc: Exception, delay: float) -> None:
+        plural = self._resource.plural
+        if isinstance(exc, ApiError | ValueError | OSError):
+            if not (isinstance(exc, ApiError) and exc.gone):
+                log.warning("%s: list/watch failed (relisting in %.1fs): %s", plural, delay, exc)
+        else:
+            log.error("%s: list/watch failed unexpectedly (relisting in %.1fs)", plural, delay, exc_info=exc)
 
     def _relist(self) -> str:
         items, version = self._client.list_all(self._resource, self._namespace, **self._selectors)

@@ -14,9 +14,11 @@ Leases, and puts keys on a work queue whenever something relevant changes, plus 
   one (RBAC gives the controller no watch on them); a PVC naming a twin re-queues that twin.
 - `pod/<ns>/<name>`: in-tree inline volumes are counted and reported (Event once per pod), never moved.
 
-A worker never dies of an error: it is logged, and the key retried with backoff. A PV that was skipped
-(bad input) or refused (left for a person) is held back until it changes or the next resync, so two
-controllers never bounce a refused journal between them.
+While any cache is not synced (it relists after a broken watch, e.g. an API server restart), workers
+act on nothing: each key they take is put back for later, since a frozen cache could hide a new user
+of a PV. A worker never dies of an error: it is logged, and the key retried with backoff. A PV that was
+skipped (bad input) or refused (left for a person) is held back until it changes or the next resync,
+so two controllers never bounce a refused journal between them.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from shim.migrate.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
 PENDING_RETRY = 5.0
+UNSYNCED_RETRY = 1.0
 MAX_BACKOFF = 120.0
 
 
@@ -139,6 +142,10 @@ class Controller:
 
     # ---------------------------------------------------------------- running
 
+    def synced(self) -> bool:
+        """Every cache follows the API server (none is relisting)."""
+        return all(r.synced.is_set() for r in self.reflectors)
+
     def healthy(self) -> bool:
         """True while every started cache and worker runs (a standby that leads nothing is healthy)."""
         started = [r for r in self.reflectors if r.started]
@@ -148,7 +155,7 @@ class Controller:
         """Work until `stopping` is set (leader lost or shutdown), then stop the workers."""
         for reflector in self.reflectors:
             reflector.start()
-        while not all(r.synced.is_set() for r in self.reflectors):
+        while not self.synced():
             if stopping.wait(0.1):
                 return
         log.info(
@@ -194,6 +201,9 @@ class Controller:
         self._queue.add_after(key, min(MAX_BACKOFF, 2.0**failures))
 
     def _process(self, key: str) -> None:
+        if not self.synced():
+            self._queue.add_after(key, UNSYNCED_RETRY)
+            return
         if self._held.get(key, 0.0) > time.monotonic():
             return
         kind, _, name = key.partition("/")

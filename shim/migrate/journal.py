@@ -6,7 +6,7 @@ an actor that finds a journal runs its `step` again and carries on. Steps, in or
 
     retain   set the old PV's reclaim policy to Retain (so nothing can delete the disk)
     delete   DELETE the old PV (pv-protection and other finalizers still hold it)
-    release  remove its finalizers; wait until it is gone
+    release  once nothing uses it, remove its pv-protection finalizer; wait until it is gone
     create   create the new PV (`target`, policy Retain)
     bound    a PV that was Bound: wait until its claim is Bound to the new PV again
     restore  restore the recorded reclaim policy; drop the journal-id annotation

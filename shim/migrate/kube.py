@@ -232,7 +232,10 @@ class KubeClient:
         namespace: str | None = None,
         **query: Any,
     ) -> Iterator[JsonObj]:
-        """Watch events ({"type", "object"}) from `resource_version` until the server ends the watch."""
+        """Watch events ({"type", "object"}) from `resource_version` until the server ends the watch.
+
+        A stream that breaks (the API server went away mid-watch) raises ApiError with status 0, as a
+        request that cannot be sent does; a line that is not JSON raises ValueError."""
         params = {
             "watch": True,
             "resourceVersion": resource_version,
@@ -244,6 +247,8 @@ class KubeClient:
         response = self._send("watch", "GET", path, timeout=timeout_seconds + 15.0, stream=True)
         try:
             yield from _lines(response)
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise ApiError(0, "", f"watch {path}: the stream broke: {exc}") from None
         finally:
             response.release_conn()
 

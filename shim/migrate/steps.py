@@ -1,10 +1,16 @@
 """The steps of a journaled conversion or rollback (journal.py lists them). Each step is idempotent:
 run again after a kill anywhere inside or after it, it finds its work done and returns.
 
-No step can delete a disk: the old PV is set to Retain before it is deleted, its finalizers are only
-released once it carries Retain, and the new PV is created with Retain. The recorded policy comes back
-in the last step, and a Delete policy does not come back when the claim vanished meanwhile (the PV
-would be Released, and Delete would remove the disk the user still has to decide about).
+No step can delete a disk: the old PV is set to Retain before it is deleted, its pv-protection
+finalizer is only released once it carries Retain, and the new PV is created with Retain. The recorded
+policy comes back in the last step, and a Delete policy does not come back when the claim vanished
+meanwhile (the PV would be Released, and Delete would remove the disk the user still has to decide
+about).
+
+No step interrupts a workload. Whether the PV is used is read from the API server (never a cache)
+right before the DELETE, again when `delete` resumes on a PV already deleting, and right before its
+pv-protection finalizer is removed: a PV deleted but still Bound is served to new pods and attachments
+until that finalizer goes, so while anything uses it the step stays pending and the PV stays.
 
 Steps raise Pending (wait for the cluster, try again later), InUse or Changed (before the old PV was
 deleted, it became used, or it changed or went: nothing destructive happened, so the engine puts the
@@ -34,10 +40,11 @@ from shim.migrate.objects import (
     record_of,
     uid_of,
 )
-from shim.migrate.usage import Usage
+from shim.migrate.usage import Usage, live_usage
 
 CONFLICT_ATTEMPTS = 8
 GONE_TIMEOUT = 30.0
+PV_PROTECTION = "kubernetes.io/pv-protection"
 
 
 class Pending(Exception):
@@ -136,6 +143,12 @@ def _source(ctx: Context, j: Journal, source: JsonObj) -> JsonObj:
     return pv
 
 
+def _claim_ref(j: Journal) -> Ref:
+    claim = j.claim
+    assert claim is not None  # only journals of Bound PVs have a claim
+    return Ref("v1", "PersistentVolumeClaim", claim.name, claim.namespace, claim.uid)
+
+
 def _set_policy(policy: str) -> Callable[[JsonObj], JsonObj | None]:
     def change(pv: JsonObj) -> JsonObj | None:
         return None if reclaim_policy(pv) == policy else {"spec": {"persistentVolumeReclaimPolicy": policy}}
@@ -148,15 +161,40 @@ def retain(ctx: Context, j: Journal, source: JsonObj) -> None:
     patch_fresh(ctx, j.pv, j.source_uid, _set_policy(RETAIN), gone=Changed)
 
 
+def users_now(ctx: Context, pv: JsonObj) -> list[str]:
+    """Who uses `pv`, read from the API server: a cache may lag, or be frozen while it relists."""
+    return live_usage(ctx.client).users(pv)
+
+
+def wait_while_used(ctx: Context, j: Journal, pv: JsonObj) -> None:
+    """Raise Pending (with MigrationWaiting Events) while the deleted, still served old PV is used."""
+    users = users_now(ctx, pv)
+    if not users:
+        return
+    message = (
+        f"PV {j.pv} is deleted for the {j.direction} but in use by {', '.join(users)}; "
+        "pv-protection keeps it until they are gone"
+    )
+    pv_ref = Ref("v1", "PersistentVolume", j.pv, uid=j.source_uid)
+    ctx.events.emit(pv_ref, NORMAL, "MigrationWaiting", message)
+    if j.claim is not None:
+        ctx.events.emit(_claim_ref(j), NORMAL, "MigrationWaiting", message)
+    raise Pending(message)
+
+
 def delete(ctx: Context, j: Journal, source: JsonObj) -> None:
-    """DELETE the old PV (Retain checked again, usage checked last, uid as precondition)."""
+    """DELETE the old PV (Retain checked again, usage checked last and live, uid as precondition). One
+    already deleting (a resumed step) is checked for use again: Pending while anything uses it."""
     pv = get_pv(ctx, j.pv)
-    if pv is None or (uid_of(pv) == j.source_uid and is_deleting(pv)):
+    if pv is None:
+        return
+    if uid_of(pv) == j.source_uid and is_deleting(pv):
+        wait_while_used(ctx, j, pv)
         return
     pv = _source(ctx, j, source)
     if reclaim_policy(pv) != RETAIN:
         patch_fresh(ctx, j.pv, j.source_uid, _set_policy(RETAIN), gone=Changed)
-    users = ctx.usage.users(pv)
+    users = users_now(ctx, pv)
     if users:
         raise InUse(", ".join(users))
     try:
@@ -167,26 +205,32 @@ def delete(ctx: Context, j: Journal, source: JsonObj) -> None:
 
 
 def release(ctx: Context, j: Journal, source: JsonObj) -> None:
-    """Remove the deleted PV's finalizers (only while it carries Retain) and wait until it is gone."""
+    """Remove the deleted PV's pv-protection finalizer (only while it carries Retain and nothing uses
+    it: Pending otherwise) and wait until it is gone. Other finalizers are their owners' to remove."""
 
-    def drop_finalizers(pv: JsonObj) -> JsonObj | None:
+    def drop_protection(pv: JsonObj) -> JsonObj | None:
         if reclaim_policy(pv) != RETAIN or not is_deleting(pv):
             raise Refused(f"PV {j.pv} is not a deleting PV with Retain; its finalizers are left alone")
-        return {"metadata": {"finalizers": None}} if pv["metadata"].get("finalizers") else None
+        finalizers = pv["metadata"].get("finalizers") or []
+        if PV_PROTECTION not in finalizers:
+            return None
+        wait_while_used(ctx, j, pv)  # last, right before the patch that lets the PV go
+        return {"metadata": {"finalizers": [f for f in finalizers if f != PV_PROTECTION]}}
 
     pv = get_pv(ctx, j.pv)
     if pv is None:
         return
     if uid_of(pv) != j.source_uid:
         raise Refused(f"PV {j.pv} was replaced by another actor before the journal created it")
-    patch_fresh(ctx, j.pv, j.source_uid, drop_finalizers, gone=None)  # gone meanwhile: that is done
-    deadline = time.monotonic() + GONE_TIMEOUT
+    patch_fresh(ctx, j.pv, j.source_uid, drop_protection, gone=None)  # gone meanwhile: that is done
+    deadline, left = time.monotonic() + GONE_TIMEOUT, ""
     while time.monotonic() < deadline:
         pv = get_pv(ctx, j.pv)
         if pv is None or uid_of(pv) != j.source_uid:
             return
         time.sleep(0.2)
-    raise Pending(f"PV {j.pv} is still there after its finalizers were released")
+        left = ", ".join(pv["metadata"].get("finalizers") or []) or "none"
+    raise Pending(f"PV {j.pv} is still there after pv-protection was released (finalizers: {left})")
 
 
 def create(ctx: Context, j: Journal, source: JsonObj) -> None:
@@ -202,12 +246,6 @@ def create(ctx: Context, j: Journal, source: JsonObj) -> None:
         created = found
     j.created_uid = uid_of(created)
     j.created_at = j.created_at or _now()
-
-
-def _claim_ref(j: Journal) -> Ref:
-    claim = j.claim
-    assert claim is not None  # only PVs bound to a claim run the bound step
-    return Ref("v1", "PersistentVolumeClaim", claim.name, claim.namespace, claim.uid)
 
 
 def bound(ctx: Context, j: Journal, source: JsonObj) -> None:

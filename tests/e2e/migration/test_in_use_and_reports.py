@@ -1,5 +1,6 @@
-"""Volumes in use wait (Events on the PV and the claim) and move once free; StorageClass twins (created,
-default mark moved only on request, removed once unused on rollback); inline pod volumes reported.
+"""Volumes in use wait (Events on the PV and the claim) and move once free, also when they became used
+after their old PV was deleted; StorageClass twins (created, default mark moved only on request,
+removed once unused on rollback); inline pod volumes reported.
 """
 
 from __future__ import annotations
@@ -9,9 +10,11 @@ from collections.abc import Iterator
 
 import pytest
 
+from shim.migrate.journal import Journal
+from shim.migrate.lock import ANN_JOURNAL, lease_name
 from shim.migrate.twins import ANN_DEFAULT_MOVED, ANN_TWIN_OF, DEFAULT_CLASS
 from tests.e2e.cluster import Cluster
-from tests.e2e.kube import Kube, pods, pvcs, pvs, storage_classes, volume_attachments
+from tests.e2e.kube import Kube, leases, pods, pvcs, pvs, storage_classes, volume_attachments
 from tests.e2e.migration.harness import (
     ALL_GATES,
     MOVE_TIMEOUT,
@@ -86,6 +89,45 @@ def test_a_volume_in_use_waits_and_moves_once_its_pod_and_attachment_are_gone(
         kube.delete(volume_attachments(f"{run}-va"))
     kube.wait(pvs(name), converted_and_bound(kube, namespace, "data"), MOVE_TIMEOUT, "converted once free")
     assert controller.metric("ballast_migrate_volumes_waiting", reason="in-use") == 0
+
+
+def test_a_volume_used_after_its_pv_was_deleted_keeps_it_until_free(
+    release: MigrationRelease, kube: Kube, namespace: str
+) -> None:
+    """Killed right after the DELETE, the controller leaves the old PV Bound behind pv-protection, where a
+    new pod can still use it. The resumed conversion sees that pod and waits at that step: the PV and its
+    finalizer stay until the pod is gone, and only then is the PV replaced."""
+    run = unique("uad")
+    pv = sample_pv("aws-ebs", name=f"{run}-ebs")
+    name = pv["metadata"]["name"]
+    pv["metadata"]["labels"]["e2e-run"] = run
+    bound_pair(kube, namespace, pv, claim="data")
+    wait_all_bound(kube, namespace, ["data"])
+    args = (f"--feature-gates={ALL_GATES}", f"--selector=e2e-run={run}", "--leader-elect=false")
+    killed = release.start("ctrl", *args, env={"BALLAST_FAILPOINTS": "migrate.convert.delete"})
+    wait_for(lambda: not killed.process.alive(), MOVE_TIMEOUT, "the kill right after the DELETE")
+    release.stop_all()
+    claim_volume = {"name": "d", "persistentVolumeClaim": {"claimName": "data"}}
+    kube.create(pods(namespace), pod_using(namespace, "app", claim_volume))
+    controller = release.start("ctrl", *args)
+    wait_for(
+        lambda: bool(events_about(kube, "default", name, "MigrationWaiting")),
+        60,
+        "a waiting Event on the deleted PV",
+        diagnose=controller.process.tail,
+    )
+    (on_pv,) = events_about(kube, "default", name, "MigrationWaiting")
+    assert f"deleted for the convert but in use by Pod {namespace}/app (Pending)" in on_pv["message"]
+    time.sleep(3)  # it keeps waiting
+    old = kube.get(pvs(name))
+    assert "awsElasticBlockStore" in old["spec"] and old["metadata"].get("deletionTimestamp")
+    assert "kubernetes.io/pv-protection" in old["metadata"]["finalizers"]
+    journal = Journal.from_json(
+        kube.get(leases(namespace, lease_name(name)))["metadata"]["annotations"][ANN_JOURNAL]
+    )
+    assert journal.step == "delete"
+    kube.delete(pods(namespace, "app"))
+    kube.wait(pvs(name), converted_and_bound(kube, namespace, "data"), MOVE_TIMEOUT, "converted once free")
 
 
 def in_tree_class(name: str, default: bool) -> Obj:

@@ -1,0 +1,147 @@
+"""The destructive steps check use live, on the API server, every time: right before the DELETE (a cache
+may lag or be frozen), when `delete` resumes on a PV already deleting, and right before `release` lets
+the PV go. While it is used the step stays pending and the PV stays; `release` removes only the
+kubernetes.io/pv-protection finalizer. Run against the fake API server (tests/shim/fake_kube_api.py)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+import pytest
+
+from shim.migrate import steps
+from shim.migrate.events import EventRecorder
+from shim.migrate.journal import Journal
+from shim.migrate.kube import KubeClient
+from shim.migrate.metrics import Metrics
+from shim.migrate.objects import ClaimRef, record_of
+from shim.migrate.usage import LiveClaims, UsageFrom
+from tests.shim.fake_kube_api import FakeKubeAPI
+from tests.shim.migrate.samples import Obj, sample_pv
+
+PVS = "/api/v1/persistentvolumes"
+PODS = "/api/v1/namespaces/ns/pods"
+ATTACHMENTS = "/apis/storage.k8s.io/v1/volumeattachments"
+PROTECTION = "kubernetes.io/pv-protection"
+OTHER = "example.com/keep-me"
+
+
+def bound_pv(deleting: bool, finalizers: tuple[str, ...] = (PROTECTION,)) -> Obj:
+    """pv-1 Bound to claim ns/data with policy Retain (the retain step ran), as the API server has it."""
+    pv = sample_pv("aws-ebs", name="pv-1", claim=("ns", "data", "c-1"))
+    pv["spec"]["persistentVolumeReclaimPolicy"] = "Retain"
+    pv["metadata"].update(uid="u-1", resourceVersion="7", finalizers=list(finalizers))
+    if deleting:
+        pv["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    pv["status"] = {"phase": "Bound"}
+    return pv
+
+
+def journal(pv: Obj, step: str) -> Journal:
+    source = record_of(pv)
+    source["spec"]["persistentVolumeReclaimPolicy"] = "Delete"
+    return Journal(
+        id="j-1",
+        direction="convert",
+        pv="pv-1",
+        plugin="kubernetes.io/aws-ebs",
+        source_uid="u-1",
+        policy="Delete",
+        was_bound=True,
+        claim=ClaimRef("ns", "data", "c-1"),
+        source=source,
+        target={"metadata": {"name": "pv-1"}, "spec": {}},
+        started_by="a_0.1.0",
+        started_at="2026-01-01T00:00:00Z",
+        step=step,
+    )
+
+
+def pod_using_claim() -> Obj:
+    """A pod not scheduled yet (no phase: Pending), which counts as a user."""
+    volume = {"name": "d", "persistentVolumeClaim": {"claimName": "data"}}
+    return {"metadata": {"name": "app", "namespace": "ns"}, "spec": {"volumes": [volume]}, "status": {}}
+
+
+def attachment() -> Obj:
+    return {
+        "metadata": {"name": "csi-1"},
+        "spec": {"nodeName": "n1", "source": {"persistentVolumeName": "pv-1"}},
+    }
+
+
+USERS = {
+    "pod": ([pod_using_claim()], [], "Pod ns/app (Pending)"),
+    "attachment": ([], [attachment()], "VolumeAttachment csi-1 (node n1)"),
+}
+
+
+def cluster(api: FakeKubeAPI, pv: Obj, pods: Sequence[Obj] = (), attachments: Sequence[Obj] = ()) -> None:
+    api.lists[PVS] = {"kind": "List", "metadata": {}, "items": [pv]}
+    api.lists[PODS] = {"kind": "List", "metadata": {}, "items": list(pods)}
+    api.lists[ATTACHMENTS] = {"kind": "List", "metadata": {}, "items": list(attachments)}
+
+
+def context(client: KubeClient) -> steps.Context:
+    """A step context whose cached usage sees nothing, as a frozen or lagging cache would."""
+    stale = UsageFrom(lambda: [], lambda namespace: [])
+    events = EventRecorder(client, "test")
+    return steps.Context(client, LiveClaims(client), stale, events, Metrics("test", "test"), 600.0)
+
+
+def the_pv(api: FakeKubeAPI) -> Obj | None:
+    return next(iter(api.lists[PVS]["items"]), None)
+
+
+def waiting_events(api: FakeKubeAPI) -> list[str]:
+    """Kinds of the objects that got a MigrationWaiting Event."""
+    found = []
+    for namespace in ("default", "ns"):
+        for event in api.lists.get(f"/api/v1/namespaces/{namespace}/events", {}).get("items", []):
+            if event["reason"] == "MigrationWaiting":
+                found.append(event["involvedObject"]["kind"])
+    return found
+
+
+@pytest.mark.parametrize("user", sorted(USERS))
+def test_delete_reads_use_live_not_from_the_cache(api: FakeKubeAPI, client: KubeClient, user: str) -> None:
+    pods, attachments, who = USERS[user]
+    pv = bound_pv(deleting=False)
+    cluster(api, pv, pods, attachments)
+    with pytest.raises(steps.InUse, match=re.escape(who)):
+        steps.delete(context(client), journal(pv, "delete"), journal(pv, "delete").source)
+    assert "deletionTimestamp" not in (the_pv(api) or {})["metadata"]
+
+
+@pytest.mark.parametrize("step", ["delete", "release"])
+@pytest.mark.parametrize("user", sorted(USERS))
+def test_a_deleted_pv_in_use_stays_and_the_step_waits_until_it_is_free(
+    api: FakeKubeAPI, client: KubeClient, step: str, user: str
+) -> None:
+    pods, attachments, who = USERS[user]
+    pv = bound_pv(deleting=True)
+    cluster(api, pv, pods, attachments)
+    j = journal(pv, step)
+    with pytest.raises(steps.Pending, match=re.escape(f"in use by {who}")):
+        steps.STEP_FUNCTIONS[step](context(client), j, j.source)
+    left = the_pv(api)
+    assert left is not None and left["metadata"]["finalizers"] == [PROTECTION]
+    assert waiting_events(api) == ["PersistentVolume", "PersistentVolumeClaim"]
+    cluster(api, left)  # the pod and the attachment went
+    steps.STEP_FUNCTIONS[step](context(client), j, j.source)
+    assert (the_pv(api) is None) is (step == "release"), "released once free (delete has nothing to do)"
+
+
+def test_release_removes_only_pv_protection(
+    api: FakeKubeAPI, client: KubeClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(steps, "GONE_TIMEOUT", 0.5)
+    pv = bound_pv(deleting=True, finalizers=(PROTECTION, OTHER))
+    cluster(api, pv)
+    j = journal(pv, "release")
+    with pytest.raises(
+        steps.Pending, match=f"still there after pv-protection was released .finalizers: {OTHER}"
+    ):
+        steps.release(context(client), j, j.source)
+    assert (the_pv(api) or {})["metadata"]["finalizers"] == [OTHER], "other finalizers are their owners'"
