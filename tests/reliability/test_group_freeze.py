@@ -115,10 +115,10 @@ def fsck_clean(image: Path) -> None:
     )
 
 
-def stamps(image: Path) -> list[int]:
-    """The sequence numbers in /seq of an unmounted ext4 image."""
+def stamps(image: Path, path: str = "/seq") -> list[int]:
+    """The sequence numbers in `path` of an unmounted ext4 image."""
     done = subprocess.run(
-        [require_tool("debugfs"), "-R", "cat /seq", str(image)], capture_output=True, text=True, check=True
+        [require_tool("debugfs"), "-R", f"cat {path}", str(image)], capture_output=True, text=True, check=True
     )
     return [int(line) if line.isdigit() else -1 for line in done.stdout.split("\n") if line]  # -1: torn
 
@@ -154,6 +154,29 @@ def published(env: Local, count: int, prefix: str) -> list[str]:
         env.publish(vid, pc)
         ids.append(vid)
     return ids
+
+
+def published_raw(env: Local, name: str) -> str:
+    """A new volume staged and published as a raw block device."""
+    vid = env.create(32 * MiB, name=name)
+    pc = env.publish_context(vid)
+    env.client.node.NodeStageVolume(
+        csi_pb2.NodeStageVolumeRequest(
+            volume_id=vid, staging_target_path=env.staging(vid), volume_capability=BLOCK, publish_context=pc
+        ),
+        timeout=60,
+    )
+    env.client.node.NodePublishVolume(
+        csi_pb2.NodePublishVolumeRequest(
+            volume_id=vid,
+            staging_target_path=env.staging(vid),
+            target_path=env.target(vid),
+            volume_capability=BLOCK,
+            publish_context=pc,
+        ),
+        timeout=60,
+    )
+    return vid
 
 
 def take_down(env: Local, ids: Sequence[str], block: Sequence[str] = ()) -> None:
@@ -236,24 +259,7 @@ def test_a_member_whose_writes_cannot_be_held_fails_the_snapshot_unless_best_eff
     """A raw block publish cannot be frozen: the group snapshot is refused (FAILED_PRECONDITION, saying
     why and how to accept it), thawing the member it froze; with consistency best-effort it is taken."""
     (mounted,) = published(local, 1, "fs")
-    raw = local.create(32 * MiB, name="raw")
-    pc = local.publish_context(raw)
-    local.client.node.NodeStageVolume(
-        csi_pb2.NodeStageVolumeRequest(
-            volume_id=raw, staging_target_path=local.staging(raw), volume_capability=BLOCK, publish_context=pc
-        ),
-        timeout=60,
-    )
-    local.client.node.NodePublishVolume(
-        csi_pb2.NodePublishVolumeRequest(
-            volume_id=raw,
-            staging_target_path=local.staging(raw),
-            target_path=local.target(raw),
-            volume_capability=BLOCK,
-            publish_context=pc,
-        ),
-        timeout=60,
-    )
+    raw = published_raw(local, "raw")
     request = csi_pb2.CreateVolumeGroupSnapshotRequest(name="mixed", source_volume_ids=[mounted, raw])
     message = assert_code(local.client.group.CreateVolumeGroupSnapshot, request, Code.FAILED_PRECONDITION)
     assert "raw block device" in message and "consistency: best-effort" in message, message

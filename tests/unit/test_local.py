@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import logging
 import os
+import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -15,7 +18,7 @@ import pytest
 from csi import failures, keys
 from csi.backends import base
 from csi.backends.base import ContentSource, DiskOptions, SourceKind
-from csi.backends.local import LocalBackend, files
+from csi.backends.local import LocalBackend, files, snapshots
 from csi.backends.local.health import Ledger
 from csi.backends.local.state import Store
 from csi.health import Status
@@ -409,6 +412,110 @@ def test_group_snapshot_members_share_an_instant_and_delete_together(data: Path,
 def _blank(path: Path) -> None:
     with open(path, "wb") as f:
         f.truncate(MiB)  # what an interrupted blank create leaves: a sparse file, no data extent
+
+
+@pytest.mark.parametrize(
+    ("first", "again", "same"),
+    [
+        pytest.param({}, {}, True, id="default-twice"),
+        pytest.param({}, {"consistency": "crash"}, True, id="default-is-crash"),
+        pytest.param(
+            {"consistency": "best-effort"}, {"consistency": "best-effort"}, True, id="best-effort-twice"
+        ),
+        pytest.param({"consistency": "best-effort"}, {}, False, id="best-effort-then-default"),
+        pytest.param(
+            {"consistency": "best-effort"}, {"consistency": "crash"}, False, id="best-effort-then-crash"
+        ),
+        pytest.param({}, {"consistency": "best-effort"}, False, id="crash-then-best-effort"),
+    ],
+)
+def test_a_group_name_created_again_must_ask_for_the_same_parameters(
+    be: LocalBackend, first: dict[str, str], again: dict[str, str], same: bool
+) -> None:
+    """CSI: a name taken with other `source_volume_ids` or `parameters` -> ALREADY_EXISTS: a caller
+    asking for a crash-consistent group must not be handed a best-effort one."""
+    ids = [be.create_volume(f"v{i}", DiskOptions(size_bytes=MiB)).id for i in range(2)]
+    group = be.create_group_snapshot("g", ids, first)
+    if same:
+        assert be.create_group_snapshot("g", ids[::-1], again).id == group.id
+    else:
+        recorded = first.get("consistency", "crash")
+        with pytest.raises(failures.AlreadyExistsError, match=f"with parameters consistency: {recorded}"):
+            be.create_group_snapshot("g", ids, again)
+    assert len(be.list_snapshots().items) == 2
+
+
+def test_groups_of_a_database_made_before_group_parameters_are_kept_and_compared_by_volumes(
+    data: Path,
+) -> None:
+    """Opening a database without the `parameters` column adds it (a driver upgrade); the groups already
+    there did not record their parameters, so a repeated create is compared by its volumes alone."""
+    be = open_backend(data)
+    ids = [be.create_volume(f"v{i}", DiskOptions(size_bytes=MiB)).id for i in range(2)]
+    old = be.create_group_snapshot("old", ids, {"consistency": "best-effort"})
+    be.close()
+    with sqlite3.connect(data / "state.db") as con:
+        con.execute("ALTER TABLE groups DROP COLUMN parameters")  # the table as older drivers made it
+    be = open_backend(data)
+    try:
+        row = be.store.group_by_name("old")
+        assert row is not None and row.parameters is None
+        assert be.create_group_snapshot("old", ids, {}).id == old.id
+        with pytest.raises(failures.AlreadyExistsError, match="other volumes"):
+            be.create_group_snapshot("old", ids[:1], {})
+        new = be.create_group_snapshot("new", ids, {})
+        with pytest.raises(failures.AlreadyExistsError, match="parameters"):
+            be.create_group_snapshot("new", ids, {"consistency": "best-effort"})
+        assert be.get_group_snapshot(new.id).snapshots
+    finally:
+        be.close()
+
+
+def test_a_group_member_is_dated_after_a_snapshot_copied_before_it(
+    be: LocalBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A group snapshot waiting for a member's lock while a regular snapshot of it is copied is dated
+    when its own copies are made: the regular snapshot is the base of a delta to the member, not the
+    target."""
+    v1, v2 = (be.create_volume(f"v{i}", DiskOptions(size_bytes=MiB)).id for i in range(2))
+    copying, resume = threading.Event(), threading.Event()
+    real_copy = files.copy
+
+    def first_copy_waits(src: str, dst: str, size: int | None = None, **kw: Any) -> bool:
+        if not copying.is_set():
+            copying.set()
+            assert resume.wait(5)
+        return real_copy(src, dst, size, **kw)
+
+    monkeypatch.setattr(files, "copy", first_copy_waits)
+    with futures.ThreadPoolExecutor(2) as pool:
+        regular = pool.submit(be.create_snapshot, "regular", v1, {})
+        assert copying.wait(5)
+        group = pool.submit(be.create_group_snapshot, "g", [v1, v2], {})
+        deadline = time.monotonic() + 5
+        while len(be._locks) < 2 and time.monotonic() < deadline:  # the group waits for v1's lock
+            time.sleep(0.01)
+        time.sleep(0.05)
+        resume.set()
+        snap, taken = regular.result(10), group.result(10)
+    member = next(s for s in taken.snapshots if s.source_volume_id == v1)
+    assert member.created_at >= snap.created_at
+    be.blocks.delta(snap.id, member.id, 0, 64 * 1024)
+    with pytest.raises(failures.InvalidParameterError, match="taken before"):
+        be.blocks.delta(member.id, snap.id, 0, 64 * 1024)
+
+
+def test_a_clock_stepping_back_never_dates_a_snapshot_before_an_earlier_one(
+    be: LocalBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    vol = be.create_volume("v", DiskOptions(size_bytes=MiB)).id
+    first = be.create_snapshot("first", vol, {})
+    monkeypatch.setattr(snapshots, "time", SimpleNamespace(time=lambda: first.created_at - 3600))
+    second = be.create_snapshot("second", vol, {})
+    member = be.create_group_snapshot("g", [vol], {}).snapshots[0]
+    assert first.created_at <= second.created_at <= member.created_at
+    be.blocks.delta(first.id, second.id, 0, 64 * 1024)
+    be.blocks.delta(second.id, member.id, 0, 64 * 1024)
 
 
 def test_reconcile_removes_orphans_grows_torn_expands_and_flags_missing_files(data: Path) -> None:

@@ -9,8 +9,13 @@
     compared.
   The answer is exact either way; only the bytes read differ (`last_read` counts them per stream).
 
-A snapshot file that disappears or fails to read mid-stream raises DriverError: the stream is aborted
-with a status, never cut short.
+A stream reads its snapshot files through descriptors it opens with its first range. A snapshot deleted
+after that does not end it: the stream finishes from the open file, which is the snapshot as it was
+taken (its space is freed when the stream ends). One deleted before -> NotFoundError; a read that fails
+-> DriverError. Either aborts the stream with a status, never cuts it short.
+
+The target must not be older than the base: (created, seq) is the order in which their images were
+taken, since snapshots.py copies, stamps and records a volume's snapshots under its lock.
 """
 
 from __future__ import annotations
@@ -99,7 +104,7 @@ def _guarded(ranges: Iterator[extents.Range], what: str) -> Iterator[extents.Ran
     try:
         yield from ranges
     except FileNotFoundError as exc:
-        raise NotFoundError(f"snapshot {what} was deleted while its block metadata was read") from exc
+        raise NotFoundError(f"snapshot {what} was deleted before its block metadata could be read") from exc
     except OSError as exc:
         raise DriverError(
             f"reading snapshot {what} failed: {exc.strerror or exc}; retry from the last range received"

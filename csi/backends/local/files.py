@@ -1,7 +1,9 @@
 """File operations of the local backend: sparse volume files, block-sharing copies, growth, free space.
 
-Copies try a reflink (ioctl FICLONE: instant, shares unchanged blocks) and fall back to a sparse-aware
-copy that walks data extents with SEEK_DATA/SEEK_HOLE, so holes stay holes.
+Copies try a reflink (ioctl FICLONE: instant and atomic, shares unchanged blocks) and fall back to a
+sparse-aware copy that walks data extents with SEEK_DATA/SEEK_HOLE, so holes stay holes. The fallback
+reads the source piece by piece: it is point-in-time only while nothing writes the source, which the
+caller arranges through `copy`'s `held`.
 
 Durability (docs/recovery.md, "Power loss"): a new file is fsynced, then its directory, before the
 function returns, so the caller commits its record only over a file that survives a power cut; a grown
@@ -14,6 +16,7 @@ import contextlib
 import errno
 import fcntl
 import os
+from collections.abc import Callable
 from typing import NamedTuple
 
 from csi.backends.local import ownership
@@ -102,11 +105,20 @@ def _sparse_copy(src_fd: int, dst_fd: int, length: int) -> None:
         pos = end
 
 
-def copy(src: str, dst: str, size: int | None = None) -> bool:
+def copy(
+    src: str,
+    dst: str,
+    size: int | None = None,
+    *,
+    held: Callable[[], contextlib.AbstractContextManager[object]] = contextlib.nullcontext,
+) -> bool:
     """Point-in-time copy of `src` into the new file `dst`, then grown to `size` if larger.
 
-    Returns True when the copy shares blocks (reflink). `dst` is durable (file, then directory) on
-    return. Refuses to overwrite `dst`; on failure `dst` is removed. A missing `src` raises
+    A reflink is one atomic step. Where the filesystem cannot reflink, the data is copied piece by
+    piece inside `held()` (entered for that copy alone, never around a reflink): the caller's hold on
+    the writers of `src`, which is what makes that copy point-in-time; anything it raises fails the
+    copy. Returns True when the copy shares blocks (reflink). `dst` is durable (file, then directory)
+    on return. Refuses to overwrite `dst`; on failure `dst` is removed. A missing `src` raises
     FileNotFoundError; no space -> OutOfCapacityError; a size the filesystem cannot hold ->
     OutOfRangeError. Made by root, `dst` is its directory's owner's (ownership.py).
     """
@@ -119,7 +131,8 @@ def copy(src: str, dst: str, size: int | None = None) -> bool:
             shared = _reflink(src_fd, dst_fd)
             if not shared:
                 os.ftruncate(dst_fd, length)
-                _sparse_copy(src_fd, dst_fd, length)
+                with held():
+                    _sparse_copy(src_fd, dst_fd, length)
             if size is not None and size > length:
                 os.ftruncate(dst_fd, size)
             os.fsync(dst_fd)

@@ -1,6 +1,15 @@
 """Snapshots and group snapshots of the local backend: block-sharing copies of volume files
 (files.copy), recorded in the state database. The contracts are those of csi.backends.base.Backend.
-Group snapshot members are copied with their staged filesystems frozen (quiesce.py).
+
+Every snapshot is one point in time of its volume, as if the power had gone then (crash-consistent).
+A reflink copy is atomic by itself; a copy made piece by piece (a data dir without reflink) is made
+with the volume's staged filesystems frozen (quiesce.py); group snapshot members are all copied inside
+one freeze. Writes that no freeze holds (a raw block publish) -> FailedPreconditionError, unless the
+parameter `consistency: best-effort` accepts a snapshot that is not crash-consistent.
+
+A snapshot is copied, stamped and recorded under its volume's lock, so the order of a volume's
+snapshots by (created, seq) is the order of their images: `created` never goes back for one volume
+(a clock stepping back is clamped) and `seq` is assigned in that order (cbt.py relies on it).
 
 A snapshot file is written before its record is committed, and on a lost name race it is removed again,
 so start-up reconciliation never meets a snapshot record without its file. Snapshots live in the data
@@ -10,9 +19,10 @@ CreateSnapshot whose requisite topology names another segment -> OutOfCapacityEr
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 from csi.backends.base import GroupSnapshot, Page, Snapshot
 from csi.backends.local import files
@@ -38,6 +48,12 @@ from shim import failpoints
 
 log = logging.getLogger("ballast.local")
 CONSISTENCY, CRASH, BEST_EFFORT = "consistency", "crash", "best-effort"
+SNAPSHOT, GROUP = "snapshot", "group snapshot"
+CLASS = {SNAPSHOT: "VolumeSnapshotClass", GROUP: "VolumeGroupSnapshotClass"}
+REMEDY = {  # what makes a snapshot crash-consistent that is not
+    SNAPSHOT: "Stop the writers, put the data dir on a filesystem with reflink (xfs, btrfs: an atomic copy)",
+    GROUP: "Stop the writers",
+}
 
 
 def _no_parameters(what: str, parameters: Mapping[str, str]) -> None:
@@ -47,27 +63,39 @@ def _no_parameters(what: str, parameters: Mapping[str, str]) -> None:
         )
 
 
-def _strict_consistency(parameters: Mapping[str, str]) -> bool:
-    """The group snapshot parameter `consistency`: `crash` (default) refuses a snapshot that is not
-    crash-consistent, `best-effort` takes it anyway. Any other parameter -> InvalidParameterError."""
+def _consistency(what: str, parameters: Mapping[str, str]) -> dict[str, str]:
+    """The one parameter of snapshots and group snapshots, normalised: `consistency` is `crash` (the
+    default: refuse a snapshot that would not be crash-consistent) or `best-effort` (take it anyway).
+    Any other key or value -> InvalidParameterError."""
     rest = dict(parameters)
     value = rest.pop(CONSISTENCY, CRASH)
-    _no_parameters("group snapshot", rest)
+    _no_parameters(what, rest)
     if value not in (CRASH, BEST_EFFORT):
-        raise InvalidParameterError(
-            f"group snapshot parameter {CONSISTENCY} must be {CRASH} or {BEST_EFFORT}"
-        )
-    return value == CRASH
+        raise InvalidParameterError(f"{what} parameter {CONSISTENCY} must be {CRASH} or {BEST_EFFORT}")
+    return {CONSISTENCY: value}
 
 
-def _not_consistent(name: str, unfrozen: Mapping[str, str], strict: bool) -> None:
+def _not_consistent(
+    what: str, name: str, unfrozen: Mapping[str, str], consistency: Mapping[str, str]
+) -> None:
     why = "; ".join(unfrozen[v] for v in sorted(unfrozen))
-    if strict:
+    if consistency[CONSISTENCY] == CRASH:
         raise FailedPreconditionError(
-            f"group snapshot {name!r} would not be crash-consistent: {why}. Stop the writers, or set the "
-            f"VolumeGroupSnapshotClass parameter {CONSISTENCY}: {BEST_EFFORT} to take it anyway"
+            f"{what} {name!r} would not be crash-consistent: {why}. {REMEDY[what]}, or set the "
+            f"{CLASS[what]} parameter {CONSISTENCY}: {BEST_EFFORT} to take it anyway"
         )
-    log.warning("group snapshot %r is not crash-consistent (%s=%s): %s", name, CONSISTENCY, BEST_EFFORT, why)
+    log.warning("%s %r is not crash-consistent (%s=%s): %s", what, name, CONSISTENCY, BEST_EFFORT, why)
+
+
+def _same_group(existing: GroupRow, volume_ids: Sequence[str], parameters: Mapping[str, str]) -> None:
+    """CSI: ALREADY_EXISTS "indicates that a group snapshot corresponding to the specified group
+    snapshot `name` already exists but is incompatible with the specified `source_volume_ids` or
+    `parameters`". A group recorded before its parameters were (None) is compared by volumes alone."""
+    if sorted(existing.volume_ids) != sorted(volume_ids):
+        raise AlreadyExistsError(f"group snapshot {existing.name!r} already exists with other volumes")
+    if existing.parameters is not None and existing.parameters != dict(parameters):
+        theirs = ", ".join(f"{k}: {v}" for k, v in sorted(existing.parameters.items()))
+        raise AlreadyExistsError(f"group snapshot {existing.name!r} already exists with parameters {theirs}")
 
 
 class LocalSnapshots:
@@ -101,7 +129,10 @@ class LocalSnapshots:
         parameters: Mapping[str, str],
         requisite: Sequence[Mapping[str, str]] = (),
     ) -> Snapshot:
-        _no_parameters("snapshot", parameters)
+        """A name taken for the same volume returns that snapshot, whatever its `consistency` was (CSI
+        compares the source volume alone: "ALREADY_EXISTS ... incompatible with the specified
+        `source_volume_id`"). A copy made piece by piece is made frozen (module docstring)."""
+        consistency = _consistency(SNAPSHOT, parameters)
         self._segment.check_requisite(requisite)
         existing = self._store.snapshot_by_name(name)
         if existing is not None:
@@ -110,24 +141,53 @@ class LocalSnapshots:
                     f"snapshot {name!r} already exists for volume {existing.source_volume_id}"
                 )
             return self._record(existing)
-        src = self._layout.volume_file(source_volume_id)
-        snapshot_id = new_id(SNAPSHOT_PREFIX)
-        dst = self._layout.snapshot_file(snapshot_id)
-        with self._locks.hold(source_volume_id):
-            row = self._store.existing_volume(source_volume_id)
-            try:
-                files.copy(src, dst)
-            except FileNotFoundError as exc:
-                raise FailedPreconditionError(f"the backing file of {source_volume_id} is missing") from exc
-            snap = SnapshotRow(0, snapshot_id, name, source_volume_id, row.size, time.time(), "")
-        failpoints.hit("local.snapshot.file-written")
         try:
-            self._store.insert_snapshots([snap])
+            snap = self._take(name, source_volume_id, consistency)
         except NameTaken:
-            files.remove(dst)
             return self.create(name, source_volume_id, parameters, requisite)
         failpoints.hit("local.snapshot.recorded")
         return self._record(snap)
+
+    def _take(self, name: str, volume_id: str, consistency: Mapping[str, str]) -> SnapshotRow:
+        """Copy, stamp and record one snapshot under the volume's lock. Lost name race -> NameTaken."""
+        src = self._layout.volume_file(volume_id)
+        snapshot_id = new_id(SNAPSHOT_PREFIX)
+        dst = self._layout.snapshot_file(snapshot_id)
+        with self._locks.hold(volume_id):
+            row = self._store.existing_volume(volume_id)
+            created = self._instant([volume_id])
+            try:
+                files.copy(src, dst, held=lambda: self._held(SNAPSHOT, name, {volume_id: src}, consistency))
+            except FileNotFoundError as exc:
+                raise FailedPreconditionError(f"the backing file of {volume_id} is missing") from exc
+            snap = SnapshotRow(0, snapshot_id, name, volume_id, row.size, created, "")
+            failpoints.hit("local.snapshot.file-written")
+            self._insert([snap])
+        return snap
+
+    def _instant(self, volume_ids: Sequence[str]) -> float:
+        """The creation time of a snapshot of `volume_ids` taken now (their locks held): never before
+        one of theirs already taken, even when the clock has stepped back."""
+        return max(time.time(), self._store.latest_snapshot_time(volume_ids))
+
+    @contextlib.contextmanager
+    def _held(
+        self, what: str, name: str, volumes: Mapping[str, str], consistency: Mapping[str, str]
+    ) -> Iterator[None]:
+        """The writes to `volumes` (id -> file) held for the block: their staged filesystems frozen
+        (quiesce.py). One whose writes cannot be held -> _not_consistent decides."""
+        with self._quiescer.hold(volumes) as held:
+            if held.unfrozen:
+                _not_consistent(what, name, held.unfrozen, consistency)
+            yield
+
+    def _insert(self, rows: Sequence[SnapshotRow], group: GroupRow | None = None) -> None:
+        """Record the copies; on a lost name race remove their files and raise NameTaken."""
+        try:
+            self._store.insert_snapshots(rows, group)
+        except NameTaken:
+            self._remove(rows)
+            raise
 
     def delete(self, snapshot_id: str) -> None:
         path = self._layout.snapshot_file(snapshot_id)
@@ -181,37 +241,38 @@ class LocalSnapshots:
         filesystem frozen, so the copies are one crash-consistent instant (quiesce.py). A member whose
         writes cannot be held (published as a raw block device; in the split layout, no node plugin
         answering) -> FailedPreconditionError, unless the `consistency: best-effort` parameter accepts
-        a snapshot that is not crash-consistent."""
-        strict = _strict_consistency(parameters)
+        a snapshot that is not crash-consistent. The normalised parameters are recorded with the group
+        and compared when its name is created again (_same_group)."""
+        consistency = _consistency(GROUP, parameters)
         existing = self._store.group_by_name(name)
         if existing is not None:
-            if sorted(existing.volume_ids) != sorted(volume_ids):
-                raise AlreadyExistsError(f"group snapshot {name!r} already exists with other volumes")
+            _same_group(existing, volume_ids, consistency)
             return self._group(existing)
         if len(set(volume_ids)) != len(volume_ids):
             raise InvalidParameterError("source_volume_ids contains duplicates")
         for v in volume_ids:
             self._layout.volume_file(v)
-        group = GroupRow(new_id(GROUP_PREFIX), name, tuple(volume_ids), time.time())
-        members = self._copy_members(group, strict)
         try:
-            self._store.insert_snapshots(members, group)
+            group = self._take_group(name, tuple(volume_ids), consistency)
         except NameTaken:
-            self._remove(members)
             return self.create_group(name, volume_ids, parameters)
         failpoints.hit("local.group-snapshot.recorded")
         return self._group(group)
 
-    def _copy_members(self, group: GroupRow, strict: bool) -> list[SnapshotRow]:
+    def _take_group(self, name: str, volume_ids: tuple[str, ...], consistency: dict[str, str]) -> GroupRow:
         """One snapshot file per member volume, all under the members' locks and with their filesystems
-        frozen for the copies alone; none left on failure."""
-        with self._locks.hold(*group.volume_ids):
-            rows = [self._store.existing_volume(v) for v in group.volume_ids]
-            with self._quiescer.hold({r.id: self._layout.volume_file(r.id) for r in rows}) as held:
-                if held.unfrozen:
-                    _not_consistent(group.name, held.unfrozen, strict)
+        frozen for the copies alone, stamped with the instant of the freeze, and recorded before the
+        locks go; none left on failure. Lost name race -> NameTaken."""
+        with self._locks.hold(*volume_ids):
+            rows = [self._store.existing_volume(v) for v in volume_ids]
+            with self._held(GROUP, name, {r.id: self._layout.volume_file(r.id) for r in rows}, consistency):
                 failpoints.hit("local.group-snapshot.frozen")
-                return self._copy_all(group, rows)
+                group = GroupRow(
+                    new_id(GROUP_PREFIX), name, volume_ids, self._instant(volume_ids), consistency
+                )
+                members = self._copy_all(group, rows)
+            self._insert(members, group)
+        return group
 
     def _copy_all(self, group: GroupRow, rows: Sequence[VolumeRow]) -> list[SnapshotRow]:
         members: list[SnapshotRow] = []

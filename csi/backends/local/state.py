@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 from csi.backends.local import ownership
 from csi.backends.local.groupcommit import FileFirst, T, Transactions
 from csi.backends.local.reserve import Reserve
-from csi.backends.local.schema import SCHEMA
+from csi.backends.local.schema import SCHEMA, upgrade
 from csi.failures import (
     FailedPreconditionError,
     LimitExceededError,
@@ -75,6 +75,7 @@ class GroupRow(NamedTuple):
     name: str
     volume_ids: tuple[str, ...]
     created: float
+    parameters: dict[str, str] | None = None  # normalised, compared for idempotency; None: not recorded
 
 
 def _volume(r: sqlite3.Row) -> VolumeRow:
@@ -90,7 +91,8 @@ def _snapshot(r: sqlite3.Row) -> SnapshotRow:
 
 
 def _group(r: sqlite3.Row) -> GroupRow:
-    return GroupRow(r["id"], r["name"], tuple(json.loads(r["volume_ids"])), r["created"])
+    parameters = None if r["parameters"] is None else json.loads(r["parameters"])
+    return GroupRow(r["id"], r["name"], tuple(json.loads(r["volume_ids"])), r["created"], parameters)
 
 
 def _provisioned(db: sqlite3.Connection) -> int:
@@ -111,6 +113,7 @@ class Store:
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.execute("PRAGMA busy_timeout=30000")
         self._db.executescript(SCHEMA)
+        upgrade(self._db)
         # CreateVolume and DeleteVolume records: concurrent ones share a commit (groupcommit.py)
         self.writes = Transactions(self._db, self._lock, self._mapped)
 
@@ -366,6 +369,12 @@ class Store:
     def snapshot_ids(self) -> set[str]:
         return {r["id"] for r in self._read("SELECT id FROM snapshots")}
 
+    def latest_snapshot_time(self, volume_ids: Sequence[str]) -> float:
+        """The newest `created` among the snapshots of `volume_ids`; 0.0 when they have none."""
+        marks = ",".join("?" * len(volume_ids))
+        sql = f"SELECT COALESCE(MAX(created), 0.0) AS t FROM snapshots WHERE source_volume_id IN ({marks})"
+        return float(self._read(sql, volume_ids)[0]["t"])
+
     def snapshots(
         self, *, after_seq: int = 0, limit: int = -1, snapshot_id: str = "", source_volume_id: str = ""
     ) -> list[SnapshotRow]:
@@ -384,9 +393,13 @@ class Store:
         try:
             with self.tx() as db:
                 if group is not None:
+                    parameters = (
+                        None if group.parameters is None else json.dumps(group.parameters, sort_keys=True)
+                    )
                     db.execute(
-                        "INSERT INTO groups (id, name, volume_ids, created) VALUES (?, ?, ?, ?)",
-                        (group.id, group.name, json.dumps(list(group.volume_ids)), group.created),
+                        "INSERT INTO groups (id, name, volume_ids, created, parameters) "
+                        "VALUES (?, ?, ?, ?, ?)",
+                        (group.id, group.name, json.dumps(list(group.volume_ids)), group.created, parameters),
                     )
                 db.executemany(
                     "INSERT INTO snapshots (id, name, source_volume_id, size, created, group_id) "

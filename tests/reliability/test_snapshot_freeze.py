@@ -1,0 +1,137 @@
+"""A single snapshot is one point in time of its volume on a data dir that cannot reflink, too.
+
+The data dir is on an ext4 the test makes on a loop device, so every copy is the piece-by-piece
+fallback whatever filesystem the host has. The driver takes that copy with the volume's staged
+filesystem frozen: checked directly (the filesystem is frozen while the copy runs, thawed after), and
+by its effect (writers stamping a sequence into two files of the volume while snapshots are taken: each
+restored snapshot fscks clean and holds one cut; without the freeze the copy tears). A volume published
+as a raw block device cannot be frozen: its snapshot is refused unless `consistency: best-effort`.
+(With reflink the copy is atomic and none of this applies: tests/integration/test_cbt.py snapshots a
+raw block publish on xfs without any parameter.)
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from csi import freeze
+from csi._proto import csi_pb2
+from csi.backends.local import files
+from tests.conftest import require_tool
+from tests.csiclient import assert_code
+from tests.integration.conftest import force_clean, leftovers, loop_filesystem
+from tests.reliability.conftest import MiB
+from tests.reliability.inprocess import Local, start_local
+from tests.reliability.test_group_freeze import (
+    assert_one_cut,
+    fsck_clean,
+    not_frozen,
+    published,
+    published_raw,
+    restore,
+    snapshots_under_writers,
+    stamps,
+    take_down,
+)
+
+pytestmark = [pytest.mark.root, pytest.mark.slow]
+Code = grpc.StatusCode
+
+
+@pytest.fixture
+def ext4_data_dir(leak_check: Path, root_tools: None) -> Iterator[Local]:
+    """The driver in this process with its data dir on a fresh ext4 (no reflink) on a loop device."""
+    require_tool("debugfs")
+    (leak_check / "fs").mkdir()
+    with loop_filesystem(leak_check / "fs", "ext4", 1024 * MiB) as mnt:
+        env = start_local(leak_check, mnt / "data")
+        try:
+            yield env
+        finally:
+            env.stop()
+            mounts, loops = leftovers(env.kubelet, env.data_dir)
+            force_clean(env.kubelet, env.data_dir)  # before the data dir's filesystem goes
+    assert not mounts and not loops, f"leaked mounts {mounts} and loop devices {loops}"
+
+
+def snapshot(env: Local, name: str, volume_id: str, **params: str) -> Any:
+    request = csi_pb2.CreateSnapshotRequest(name=name, source_volume_id=volume_id, parameters=params)
+    return env.client.controller.CreateSnapshot(request, timeout=120).snapshot
+
+
+def frozen(path: str) -> bool:
+    """Whether the filesystem at `path` is frozen, leaving it as it is (a second freeze is EBUSY)."""
+    try:
+        held = freeze.freeze(path)
+    except freeze.FreezeError as exc:
+        if exc.errno == errno.EBUSY:
+            return True
+        raise
+    freeze.thaw_held(held)
+    return False
+
+
+def test_the_copy_runs_with_the_staged_filesystem_frozen(
+    ext4_data_dir: Local, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = ext4_data_dir
+    (vid,) = published(env, 1, "frozen")
+    seen: list[bool] = []
+    real = files._sparse_copy
+
+    def probed(src_fd: int, dst_fd: int, length: int) -> None:
+        seen.append(frozen(env.target(vid)))
+        real(src_fd, dst_fd, length)
+
+    monkeypatch.setattr(files, "_sparse_copy", probed)
+    snapshot(env, "s", vid)
+    assert seen == [True], "the piece-by-piece copy ran while the volume's filesystem took writes"
+    not_frozen(env, [vid])
+    take_down(env, [vid])
+
+
+def test_snapshots_taken_while_writers_run_are_point_in_time(ext4_data_dir: Local) -> None:
+    """Two files of one volume, stamped one after the other: a point-in-time image has the same
+    numbers in both, but for the last one in the first file. Without the freeze the copy tears."""
+    env = ext4_data_dir
+    (vid,) = published(env, 1, "written")
+    dirs = [os.path.join(env.target(vid), d) for d in ("a", "b")]
+    for d in dirs:
+        os.mkdir(d)
+    taken, writer = snapshots_under_writers(dirs, lambda k: snapshot(env, f"cut-{k}", vid), 3)
+    cuts = []
+    for snap in taken:
+        image = restore(env, snap.snapshot_id)
+        fsck_clean(image)
+        cuts.append(assert_one_cut({d: stamps(image, f"/{d}/seq") for d in ("a", "b")}))
+    assert cuts == sorted(cuts) and cuts[-1] < writer.stamped, f"cuts {cuts} of {writer.stamped} stamps"
+    not_frozen(env, [vid])
+    take_down(env, [vid])
+
+
+def test_a_raw_block_publish_is_refused_unless_best_effort(ext4_data_dir: Local) -> None:
+    env = ext4_data_dir
+    raw = published_raw(env, "raw")
+    request = csi_pb2.CreateSnapshotRequest(name="raw-snap", source_volume_id=raw)
+    message = assert_code(env.client.controller.CreateSnapshot, request, Code.FAILED_PRECONDITION)
+    for said in (
+        "raw block device",
+        raw,
+        "reflink",
+        "VolumeSnapshotClass parameter consistency: best-effort",
+    ):
+        assert said in message, message
+    assert list((env.data_dir / "snapshots").iterdir()) == [], "a refused snapshot left its copy"
+    taken = snapshot(env, "raw-snap", raw, consistency="best-effort")
+    assert snapshot(env, "raw-snap", raw).snapshot_id == taken.snapshot_id  # the name is taken now
+    for params in ({"consistency": "x"}, {"quiesce": "no"}):
+        bad = csi_pb2.CreateSnapshotRequest(name="bad", source_volume_id=raw, parameters=params)
+        assert_code(env.client.controller.CreateSnapshot, bad, Code.INVALID_ARGUMENT)
+    take_down(env, [raw], block=[raw])
