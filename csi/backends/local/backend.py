@@ -49,8 +49,9 @@ from csi.backends.local.quiesce import LocalQuiescer, Quiescer
 from csi.backends.local.reporting import LocalReporting
 from csi.backends.local.reserve import Reserve
 from csi.backends.local.room import Room
+from csi.backends.local.rows import AttachmentRow, VolumeRow
 from csi.backends.local.snapshots import LocalSnapshots, SnapshotOperations
-from csi.backends.local.state import AttachmentRow, NameTaken, Store, VolumeRow
+from csi.backends.local.state import NameTaken, Store
 from csi.backends.local.topology import Segment
 from csi.failures import (
     AlreadyExistsError,

@@ -27,7 +27,8 @@ from collections.abc import Iterator
 from csi import extents
 from csi.backends.local import files
 from csi.backends.local.layout import Layout
-from csi.backends.local.state import SnapshotRow, Store
+from csi.backends.local.rows import SnapshotRow
+from csi.backends.local.state import Store
 from csi.backends.reporting import BlockMap
 from csi.failures import (
     DriverError,

@@ -23,7 +23,8 @@ from typing import NamedTuple
 from csi import fshealth, loop
 from csi.backends.local import files
 from csi.backends.local.layout import Layout
-from csi.backends.local.state import Store, VolumeRow
+from csi.backends.local.rows import VolumeRow
+from csi.backends.local.state import Store
 from csi.backends.paging import Page, seek_page
 from csi.failures import DriverError
 from csi.health import Issue, Status, StorageIssue, VolumeHealth, distinct

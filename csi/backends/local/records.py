@@ -8,7 +8,7 @@ from typing import Any
 
 from csi import keys
 from csi.backends.base import Attachment, ContentSource, Disk, DiskOptions, SourceKind
-from csi.backends.local.state import AttachmentRow, VolumeRow
+from csi.backends.local.rows import AttachmentRow, VolumeRow
 from csi.failures import AlreadyExistsError
 
 

@@ -30,8 +30,9 @@ from typing import Any, TextIO
 
 from csi.backends.local import files
 from csi.backends.local.layout import SNAPSHOT_ID, VOLUME_ID, Layout
+from csi.backends.local.rows import GroupRow, SnapshotRow
 from csi.backends.local.startup import lock_data_dir, open_read_only
-from csi.backends.local.state import GroupRow, NameTaken, SnapshotRow, Store
+from csi.backends.local.state import NameTaken, Store
 from csi.failures import DriverError, FailedPreconditionError
 from shim import failpoints
 

@@ -39,7 +39,8 @@ from csi.backends.local.layout import (
     page_start,
 )
 from csi.backends.local.quiesce import Quiescer
-from csi.backends.local.state import GroupRow, NameTaken, SnapshotRow, Store, VolumeRow
+from csi.backends.local.rows import GroupRow, SnapshotRow, VolumeRow
+from csi.backends.local.state import NameTaken, Store
 from csi.backends.local.topology import Segment
 from csi.backends.snapshotting import SnapshotDelegation
 from csi.failures import AlreadyExistsError, FailedPreconditionError, InvalidParameterError, NotFoundError

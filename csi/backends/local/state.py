@@ -21,11 +21,20 @@ import sqlite3
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, NamedTuple
+from typing import Any
 
 from csi.backends.local import ownership
 from csi.backends.local.groupcommit import FileFirst, T, Transactions
 from csi.backends.local.reserve import Reserve
+from csi.backends.local.rows import (
+    AttachmentRow,
+    GroupRow,
+    SnapshotRow,
+    VolumeRow,
+    group_row,
+    snapshot_row,
+    volume_row,
+)
 from csi.backends.local.schema import SCHEMA, upgrade
 from csi.failures import (
     FailedPreconditionError,
@@ -42,57 +51,6 @@ class NameTaken(Exception):
 
 class StateFull(OutOfCapacityError):
     """The filesystem holding the state database has no room for a transaction (SQLITE_FULL)."""
-
-
-class VolumeRow(NamedTuple):
-    seq: int
-    id: str
-    name: str
-    size: int
-    spec: dict[str, Any]  # creation arguments, compared for idempotency
-    mutable: dict[str, str]  # current mutable parameters
-    created: float
-
-
-class AttachmentRow(NamedTuple):
-    volume_id: str
-    node_id: str
-    readonly: bool
-
-
-class SnapshotRow(NamedTuple):
-    seq: int
-    id: str
-    name: str
-    source_volume_id: str
-    size: int
-    created: float
-    group_id: str
-
-
-class GroupRow(NamedTuple):
-    id: str
-    name: str
-    volume_ids: tuple[str, ...]
-    created: float
-    parameters: dict[str, str] | None = None  # normalised, compared for idempotency; None: not recorded
-
-
-def _volume(r: sqlite3.Row) -> VolumeRow:
-    return VolumeRow(
-        r["seq"], r["id"], r["name"], r["size"], json.loads(r["spec"]), json.loads(r["mutable"]), r["created"]
-    )
-
-
-def _snapshot(r: sqlite3.Row) -> SnapshotRow:
-    return SnapshotRow(
-        r["seq"], r["id"], r["name"] or "", r["source_volume_id"], r["size"], r["created"], r["group_id"]
-    )
-
-
-def _group(r: sqlite3.Row) -> GroupRow:
-    parameters = None if r["parameters"] is None else json.loads(r["parameters"])
-    return GroupRow(r["id"], r["name"], tuple(json.loads(r["volume_ids"])), r["created"], parameters)
 
 
 def _provisioned(db: sqlite3.Connection) -> int:
@@ -187,7 +145,7 @@ class Store:
 
     def volume(self, volume_id: str) -> VolumeRow | None:
         rows = self._read("SELECT * FROM volumes WHERE id = ?", (volume_id,))
-        return _volume(rows[0]) if rows else None
+        return volume_row(rows[0]) if rows else None
 
     def existing_volume(self, volume_id: str) -> VolumeRow:
         """The volume's row; missing -> NotFoundError."""
@@ -198,11 +156,11 @@ class Store:
 
     def volume_by_name(self, name: str) -> VolumeRow | None:
         rows = self._read("SELECT * FROM volumes WHERE name = ?", (name,))
-        return _volume(rows[0]) if rows else None
+        return volume_row(rows[0]) if rows else None
 
     def volumes(self, after_seq: int = 0, limit: int = -1) -> list[VolumeRow]:
         rows = self._read("SELECT * FROM volumes WHERE seq > ? ORDER BY seq LIMIT ?", (after_seq, limit))
-        return [_volume(r) for r in rows]
+        return [volume_row(r) for r in rows]
 
     def volume_sizes(self) -> dict[str, int]:
         """Every volume's recorded size by id (no record decoded): what start-up reconciles against."""
@@ -360,11 +318,11 @@ class Store:
 
     def snapshot(self, snapshot_id: str) -> SnapshotRow | None:
         rows = self._read("SELECT * FROM snapshots WHERE id = ?", (snapshot_id,))
-        return _snapshot(rows[0]) if rows else None
+        return snapshot_row(rows[0]) if rows else None
 
     def snapshot_by_name(self, name: str) -> SnapshotRow | None:
         rows = self._read("SELECT * FROM snapshots WHERE name = ?", (name,))
-        return _snapshot(rows[0]) if rows else None
+        return snapshot_row(rows[0]) if rows else None
 
     def snapshot_ids(self) -> set[str]:
         return {r["id"] for r in self._read("SELECT id FROM snapshots")}
@@ -386,7 +344,7 @@ class Store:
             where.append("source_volume_id = ?")
             args.append(source_volume_id)  # type: ignore[arg-type]
         sql = f"SELECT * FROM snapshots WHERE {' AND '.join(where)} ORDER BY seq LIMIT ?"
-        return [_snapshot(r) for r in self._read(sql, (*args, limit))]
+        return [snapshot_row(r) for r in self._read(sql, (*args, limit))]
 
     def insert_snapshots(self, rows: Sequence[SnapshotRow], group: GroupRow | None = None) -> None:
         """Insert snapshots (and their group) in one transaction. A taken name -> NameTaken."""
@@ -415,15 +373,15 @@ class Store:
 
     def group(self, group_id: str) -> GroupRow | None:
         rows = self._read("SELECT * FROM groups WHERE id = ?", (group_id,))
-        return _group(rows[0]) if rows else None
+        return group_row(rows[0]) if rows else None
 
     def group_by_name(self, name: str) -> GroupRow | None:
         rows = self._read("SELECT * FROM groups WHERE name = ?", (name,))
-        return _group(rows[0]) if rows else None
+        return group_row(rows[0]) if rows else None
 
     def group_members(self, group_id: str) -> list[SnapshotRow]:
         return [
-            _snapshot(r)
+            snapshot_row(r)
             for r in self._read("SELECT * FROM snapshots WHERE group_id = ? ORDER BY seq", (group_id,))
         ]
 
