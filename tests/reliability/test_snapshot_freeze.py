@@ -135,3 +135,52 @@ def test_a_raw_block_publish_is_refused_unless_best_effort(ext4_data_dir: Local)
         bad = csi_pb2.CreateSnapshotRequest(name="bad", source_volume_id=raw, parameters=params)
         assert_code(env.client.controller.CreateSnapshot, bad, Code.INVALID_ARGUMENT)
     take_down(env, [raw], block=[raw])
+
+
+def clone(env: Local, name: str, volume_id: str) -> csi_pb2.CreateVolumeRequest:
+    source = csi_pb2.VolumeContentSource(volume=csi_pb2.VolumeContentSource.VolumeSource(volume_id=volume_id))
+    return csi_pb2.CreateVolumeRequest(
+        name=name,
+        capacity_range=csi_pb2.CapacityRange(required_bytes=64 * MiB),
+        volume_capabilities=[csi_pb2.VolumeCapability(
+            mount=csi_pb2.VolumeCapability.MountVolume(),
+            access_mode=csi_pb2.VolumeCapability.AccessMode(mode=csi_pb2.VolumeCapability.AccessMode.SINGLE_NODE_WRITER),
+        )],
+        volume_content_source=source,
+    )  # fmt: skip
+
+
+def test_a_clone_of_a_volume_in_use_is_copied_frozen(
+    ext4_data_dir: Local, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A clone copies its source volume as a snapshot does: piece by piece here, so with the source's
+    staged filesystem frozen; before, it copied a live filesystem and could come back torn."""
+    env = ext4_data_dir
+    (vid,) = published(env, 1, "source")
+    seen: list[bool] = []
+    real = files._sparse_copy
+
+    def probed(src_fd: int, dst_fd: int, length: int) -> None:
+        seen.append(frozen(env.target(vid)))
+        real(src_fd, dst_fd, length)
+
+    monkeypatch.setattr(files, "_sparse_copy", probed)
+    copy = env.client.controller.CreateVolume(clone(env, "copy", vid), timeout=120).volume
+    assert seen == [True], "the clone's copy ran while its source's filesystem took writes"
+    not_frozen(env, [vid])
+    env.client.controller.DeleteVolume(csi_pb2.DeleteVolumeRequest(volume_id=copy.volume_id), timeout=60)
+    take_down(env, [vid])
+
+
+def test_a_clone_of_a_raw_block_publish_is_refused(ext4_data_dir: Local) -> None:
+    """Nothing can hold a raw block device's writes, and CreateVolume has no parameter that accepts a
+    torn copy: refused, naming the cause and what to do, with no file left."""
+    env = ext4_data_dir
+    raw = published_raw(env, "raw-source")
+    before = sorted(p.name for p in (env.data_dir / "volumes").iterdir())
+    message = assert_code(env.client.controller.CreateVolume, clone(env, "c", raw), Code.FAILED_PRECONDITION)
+    for said in ("clone 'c' would not be crash-consistent", "raw block device", "reflink"):
+        assert said in message, message
+    assert "best-effort" not in message, message
+    assert sorted(p.name for p in (env.data_dir / "volumes").iterdir()) == before
+    take_down(env, [raw], block=[raw])

@@ -17,6 +17,7 @@ reporting.py (health.py, cbt.py).
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -242,7 +243,8 @@ class LocalBackend(LocalReporting, SnapshotOperations, Backend):
         # the file first: reconcile clears it away if no record follows
         first = contents.file_first(self.layout, path, options, lambda: failpoints.hit(written))
         if first is None:  # a copy: written (and synced) here, outside the shared batch
-            contents.write_volume_file(self.layout, self.store, self._locks, path, options)
+            hold = functools.partial(self._snapshots.clone_hold, name)
+            contents.write_volume_file(self.layout, self.store, self._locks, path, options, hold)
             failpoints.hit(written)
         try:
             row = self.store.insert_volume(

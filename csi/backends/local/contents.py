@@ -6,6 +6,7 @@ caller commits the volume's record only after that (docs/recovery.md, "Power los
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 
 from csi.backends.base import ContentSource, DiskOptions, SourceKind
 from csi.backends.local import files
@@ -54,18 +55,23 @@ def file_first(
     )
 
 
+Hold = Callable[[str, str], AbstractContextManager[object]]
+
+
 def write_volume_file(
-    layout: Layout, store: Store, locks: KeyedLocks, path: str, options: DiskOptions
+    layout: Layout, store: Store, locks: KeyedLocks, path: str, options: DiskOptions, hold: Hold
 ) -> None:
     """The new volume's backing file at `path`: sparse, or a copy of its content source taken under the
-    source volume's lock."""
+    source volume's lock; a source volume's writes held by `hold(volume id, its file)` while a copy
+    that is no reflink runs (files.copy), which makes it point-in-time."""
     if options.source is None:
         files.create_sparse(path, options.size_bytes)
         return
     src, lock = source_file(layout, store, options.source, options.size_bytes)
+    held = (lambda: hold(lock, src)) if lock else nullcontext  # a snapshot's file never changes
     with locks.hold(*([lock] if lock else [])):
         try:
-            files.copy(src, path, options.size_bytes)
+            files.copy(src, path, options.size_bytes, held=held)
         except FileNotFoundError as exc:
             raise FailedPreconditionError(
                 f"the backing file of source {options.source.id} is missing"

@@ -1,7 +1,8 @@
 """Snapshots and group snapshots of the local backend: block-sharing copies of volume files
 (files.copy), recorded in the state database. The contracts are those of csi.backends.base.Backend.
 
-Every snapshot is one point in time of its volume, as if the power had gone then (crash-consistent).
+Every snapshot is one point in time of its volume, as if the power had gone then (crash-consistent);
+so is a clone, whose copy of its source volume is held alike (clone_hold).
 A reflink copy is atomic by itself; a copy made piece by piece (a data dir without reflink) is made
 with the volume's staged filesystems frozen (quiesce.py); group snapshot members are all copied inside
 one freeze. Writes that no freeze holds (a raw block publish) -> FailedPreconditionError, unless the
@@ -49,11 +50,13 @@ from shim import failpoints
 
 log = logging.getLogger("ballast.local")
 CONSISTENCY, CRASH, BEST_EFFORT = "consistency", "crash", "best-effort"
-SNAPSHOT, GROUP = "snapshot", "group snapshot"
-CLASS = {SNAPSHOT: "VolumeSnapshotClass", GROUP: "VolumeGroupSnapshotClass"}
-REMEDY = {  # what makes a snapshot crash-consistent that is not
-    SNAPSHOT: "Stop the writers, put the data dir on a filesystem with reflink (xfs, btrfs: an atomic copy)",
+SNAPSHOT, GROUP, CLONE = "snapshot", "group snapshot", "clone"
+CLASS = {SNAPSHOT: "VolumeSnapshotClass", GROUP: "VolumeGroupSnapshotClass"}  # where best-effort is set
+REFLINK = "put the data dir on a filesystem with reflink (xfs, btrfs: an atomic copy)"
+REMEDY = {  # what makes a copy crash-consistent that is not
+    SNAPSHOT: f"Stop the writers, {REFLINK}",
     GROUP: "Stop the writers",
+    CLONE: f"Stop the writers or {REFLINK}",
 }
 
 
@@ -81,9 +84,13 @@ def _not_consistent(
 ) -> None:
     why = "; ".join(unfrozen[v] for v in sorted(unfrozen))
     if consistency[CONSISTENCY] == CRASH:
+        anyway = (
+            f", or set the {CLASS[what]} parameter {CONSISTENCY}: {BEST_EFFORT} to take it anyway"
+            if what in CLASS
+            else ""
+        )
         raise FailedPreconditionError(
-            f"{what} {name!r} would not be crash-consistent: {why}. {REMEDY[what]}, or set the "
-            f"{CLASS[what]} parameter {CONSISTENCY}: {BEST_EFFORT} to take it anyway"
+            f"{what} {name!r} would not be crash-consistent: {why}. {REMEDY[what]}{anyway}"
         )
     log.warning("%s %r is not crash-consistent (%s=%s): %s", what, name, CONSISTENCY, BEST_EFFORT, why)
 
@@ -181,6 +188,11 @@ class LocalSnapshots:
             if held.unfrozen:
                 _not_consistent(what, name, held.unfrozen, consistency)
             yield
+
+    def clone_hold(self, name: str, volume_id: str, path: str) -> contextlib.AbstractContextManager[None]:
+        """The hold on the writes to the source volume of clone `name` (file `path`) for a copy made
+        piece by piece: as a snapshot's, and a clone has no parameter that accepts less."""
+        return self._held(CLONE, name, {volume_id: path}, {CONSISTENCY: CRASH})
 
     def _insert(self, rows: Sequence[SnapshotRow], group: GroupRow | None = None) -> None:
         """Record the copies; on a lost name race remove their files and raise NameTaken."""
