@@ -223,6 +223,8 @@ def test_recover_state_on_a_healthy_database_loses_nothing(tmp_path: Path) -> No
             s.volumes["pvc-1"],
             s.volumes["pvc-2"],
         }
+        group = b.store.group(s.group)
+        assert group is not None and group.parameters == {"consistency": "crash"}, "compared on a repeat"
     finally:
         b.close()
 

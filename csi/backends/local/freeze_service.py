@@ -112,11 +112,13 @@ class FreezeServer:
         try:
             return bool(_receive(stream) == "thaw")
         except TimeoutError:
-            log.warning("a group snapshot held its members frozen for %.0f s; thawed them", self._hold_limit)
+            log.warning(
+                "a snapshot or clone held its volumes frozen for %.0f s; thawed them", self._hold_limit
+            )
             return False
         except ConnectionError:
             log.warning(
-                "the controller went away while its group snapshot's members were frozen; thawed them"
+                "the controller went away while the volumes of its snapshot or clone were frozen; thawed them"
             )
             return False
 
@@ -154,7 +156,7 @@ class RemoteQuiescer:
             reply = _receive(stream)
             if "error" in reply:
                 raise FailedPreconditionError(
-                    f"the node plugin could not freeze the members: {reply['error']}"
+                    f"the node plugin could not freeze the volumes: {reply['error']}"
                 )
             try:
                 yield Quiesced(frozen=list(reply["frozen"]), unfrozen=dict(reply["unfrozen"]))
@@ -166,6 +168,6 @@ class RemoteQuiescer:
             _send(conn, "thaw")
             if not _receive(stream).get("held"):
                 raise FailedPreconditionError(
-                    f"the node plugin thawed the members before the copies were done (they may take at most "
-                    f"{HOLD_LIMIT:.0f} s); the group snapshot would not be one instant, retry it"
+                    f"the node plugin thawed the volumes before the copies were done (they may take at most "
+                    f"{HOLD_LIMIT:.0f} s); the copy would not be one instant: retry, or see docs/install.md"
                 )

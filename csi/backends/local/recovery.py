@@ -281,7 +281,12 @@ def _recover_snapshots(
     for gid, g in old.groups.items():
         members = [s for s in rows.values() if s.group_id == gid]
         if members:
-            group = GroupRow(gid, str(g["name"]), tuple(_json(g.get("volume_ids"), [])), float(g["created"]))
+            # parameters: never empty when recorded (consistency); None for a group that predates them
+            volume_ids, parameters = (
+                tuple(_json(g.get("volume_ids"), [])),
+                _json(g.get("parameters"), {}) or None,
+            )
+            group = GroupRow(gid, str(g["name"]), volume_ids, float(g["created"]), parameters)
             store.insert_snapshots(members, group)
             report.groups += 1
             report.snapshots += len(members)
