@@ -159,7 +159,7 @@ class Controller:
             if stopping.wait(0.1):
                 return
         log.info(
-            "caches synced; %d PVs, %d StorageClasses",
+            "caches synced; %d PVs, %d lock Leases",
             len(self.pvs.store.keys()),
             len(self.leases.store.keys()),
         )
