@@ -307,6 +307,8 @@ def _node_expand_check(w: World) -> None:
 def _delete_check(w: World) -> None:
     st = assert_consistent(w.data)
     assert w.volumes["v"] not in st.volume_rows and w.volumes["v"] not in st.volume_files
+    kept = sorted(p.name for p in (w.data / "orphans").rglob("*") if p.is_file())
+    assert kept == [], f"a deleted volume's data was kept: {kept}"
     w.volumes.pop("v")
 
 

@@ -565,6 +565,50 @@ ORPHANS = [
 ]  # fmt: skip
 
 
+@pytest.mark.parametrize(
+    ("sub", "recorded", "ends"),
+    [
+        pytest.param("volumes", False, "removed", id="volume-record-deleted"),
+        pytest.param("volumes", True, "named back", id="volume-record-kept"),
+        pytest.param("snapshots", False, "removed", id="snapshot-record-deleted"),
+        pytest.param("snapshots", True, "named back", id="snapshot-record-kept"),
+    ],
+)
+def test_reconcile_finishes_a_delete_cut_between_its_record_and_its_file(
+    data: Path, sub: str, recorded: bool, ends: str
+) -> None:
+    """A delete sets its file aside as `<file>.deleting` before it deletes the record (files.doomed). A
+    crash after the record went leaves data nobody may have back: removed, never quarantined; a crash
+    before leaves a volume that still exists: its file gets its name back."""
+    be = open_backend(data)
+    vol = be.create_volume("v", DiskOptions(size_bytes=MiB))
+    Path(be.volume_path(vol.id)).write_bytes(b"user data")
+    snap = be.create_snapshot("s", vol.id, {})
+    path = be.volume_path(vol.id) if sub == "volumes" else str(data / "snapshots" / f"{snap.id}.img")
+    if not recorded:
+        if sub == "volumes":
+            be.delete_snapshot(snap.id)
+            be.store.delete_volume(vol.id)
+        else:
+            be.store.delete_snapshot(snap.id)
+    be.close()
+    os.rename(path, path + ".deleting")
+    open_backend(data).close()
+    assert not os.path.exists(path + ".deleting")
+    assert os.path.exists(path) == (ends == "named back")
+    assert [p for p in (data / "orphans").rglob("*") if p.is_file()] == [], "nothing quarantined"
+    if ends == "named back":
+        assert Path(path).read_bytes().startswith(b"user data")
+
+
+def test_a_refused_delete_keeps_its_file_under_its_name(be: LocalBackend) -> None:
+    vol = be.create_volume("v", DiskOptions(size_bytes=MiB))
+    be.attach(vol.id, "node-1", False)
+    with pytest.raises(failures.FailedPreconditionError, match="published"):
+        be.delete_volume(vol.id)
+    assert os.listdir(os.path.dirname(be.volume_path(vol.id))) == [os.path.basename(be.volume_path(vol.id))]
+
+
 @pytest.mark.parametrize(("sub", "name", "make", "ends"), ORPHANS)
 def test_reconcile_removes_orphans_without_data_and_quarantines_the_others(
     data: Path,

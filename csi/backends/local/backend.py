@@ -4,11 +4,11 @@ Layout and id formats: layout.py. Snapshots, clones and restores are block-shari
 Ids are generated in a fixed format and checked on every call: anything else is NotFoundError before
 any file is touched.
 
-Durability: a backing file is written before its record is committed, and a record is deleted before its
-file, so start-up reconciliation (startup.reconcile) can clear away files without a record (an
-interrupted create or delete: removed when blank, else quarantined) and grow files shorter than their
-record (an interrupted expand, or lost data, which health.py then reports). A record whose file
-vanished is reported INACCESSIBLE.
+Durability: a backing file is written before its record is committed, and set aside (files.doomed)
+before its record is deleted, so start-up reconciliation (startup.reconcile) can clear away files
+without a record (an interrupted create: removed when blank, else quarantined), finish a cut delete,
+and grow files shorter than their record (an interrupted expand, or lost data, which health.py then
+reports). A record whose file vanished is reported INACCESSIBLE.
 
 Parameters: params.py. Snapshots and group snapshots: snapshots.py. Loop devices (the node side):
 devices.py. What happens before a data dir is served: startup.py. Health and changed blocks:
@@ -286,9 +286,9 @@ class LocalBackend(LocalReporting, SnapshotOperations, Backend):
                     f"the file of volume {volume_id} is still in use by {', '.join(users)}: the volume is "
                     "still staged on the node; unstage it there (NodeUnstageVolume), then delete it"
                 )
-            self.store.delete_volume(volume_id)
-            failpoints.hit("local.delete.recorded")
-            files.remove(path)
+            with files.doomed([path]):
+                self.store.delete_volume(volume_id)
+                failpoints.hit("local.delete.recorded")
             failpoints.hit("local.delete.removed")
 
     def _disk(self, row: VolumeRow, attachments: Sequence[AttachmentRow] | None = None) -> Disk:

@@ -16,7 +16,7 @@ import contextlib
 import errno
 import fcntl
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from typing import NamedTuple
 
 from csi.backends.local import ownership
@@ -172,6 +172,32 @@ def remove(path: str) -> None:
     """Delete `path`; already gone is fine."""
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
+
+
+DOOMED = ".deleting"  # the name suffix of a file whose record a delete is removing
+
+
+@contextlib.contextmanager
+def doomed(paths: Sequence[str]) -> Iterator[None]:
+    """Delete the files `paths` along with the records the block deletes: each is renamed
+    `<path>.deleting` first, named back when the block raises, and removed once it returns. After a
+    crash, start-up reconciliation finishes what it finds: a `.deleting` file whose record is gone is
+    removed, one whose record is still there gets its name back. So a crash between a delete's record
+    and its file does not leave the deleted data behind as an orphan. The renames are not synced: after
+    a power loss a file may be back under its own name without a record, and is quarantined."""
+    moved = []
+    for path in paths:
+        with contextlib.suppress(FileNotFoundError):
+            os.rename(path, path + DOOMED)
+            moved.append(path)
+    try:
+        yield
+    except BaseException:
+        for path in moved:
+            os.rename(path + DOOMED, path)
+        raise
+    for path in moved:
+        remove(path + DOOMED)
 
 
 def move_no_replace(src: str, dst: str) -> None:

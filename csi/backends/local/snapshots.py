@@ -211,8 +211,8 @@ class LocalSnapshots:
             raise InvalidParameterError(
                 f"snapshot {snapshot_id} belongs to group snapshot {row.group_id}; delete the group instead"
             )
-        self._store.delete_snapshot(snapshot_id)
-        files.remove(path)
+        with files.doomed([path]):
+            self._store.delete_snapshot(snapshot_id)
 
     def get(self, snapshot_id: str) -> Snapshot:
         self._layout.snapshot_file(snapshot_id)
@@ -309,8 +309,9 @@ class LocalSnapshots:
     def delete_group(self, group_id: str) -> None:
         if not GROUP_ID.fullmatch(group_id) or self._store.group(group_id) is None:
             raise NotFoundError(f"group snapshot {group_id!r} not found")
-        for snap_id in self._store.delete_group(group_id):
-            files.remove(self._layout.snapshot_file(snap_id))
+        members = [self._layout.snapshot_file(m.id) for m in self._store.group_members(group_id)]
+        with files.doomed(members):
+            self._store.delete_group(group_id)
 
     def get_group(self, group_id: str) -> GroupSnapshot:
         group = self._store.group(group_id) if GROUP_ID.fullmatch(group_id) else None

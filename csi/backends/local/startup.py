@@ -11,14 +11,15 @@ volume or snapshot files exist (reconciliation would otherwise remove every file
 changes anything in the data dir.
 
 `reconcile(layout, store)` finishes what a crash interrupted: a backing file is written before its
-record is committed and a record deleted before its file, so a file without a record is left by an
-interrupted create or delete -- or by a database older than the files (restored from a copy), whose
-files hold volumes someone may still need. So only an orphan that holds no data (an interrupted blank
-create: a sparse file) is removed; one that holds data is moved to `<data-dir>/orphans/` (the
-quarantine, docs/recovery.md), never deleted. Each is logged at WARNING. Files shorter than their record
-are grown: a file still at the size an expand in progress started from (the ledger's growth intent) lost
-nothing; any other short file lost data, and its volume is marked DATA_LOSS (health.py) before it is
-grown.
+record is committed, so a file without a record is left by an interrupted create -- or by a database
+older than the files (restored from a copy), whose files hold volumes someone may still need. A delete
+sets its file aside as `<file>.deleting` before it deletes the record (files.doomed): such a file is
+removed when its record is gone, and named back when it is not. Only an orphan that holds no data
+(an interrupted blank create: a sparse file) is removed; one that holds data is moved to
+`<data-dir>/orphans/` (the quarantine, docs/recovery.md), never deleted. Each is logged at WARNING.
+Files shorter than their record are grown: a file still at the size an expand in progress started from
+(the ledger's growth intent) lost nothing; any other short file lost data, and its volume is marked
+DATA_LOSS (health.py) before it is grown.
 
 `prepare_node(layout, serve_freezes)` is the node side's start: it thaws the staged filesystems a killed
 process left frozen in the middle of a group snapshot and, in the split layout, serves the controller's
@@ -38,7 +39,7 @@ from csi import loop
 from csi.backends.local import files, ownership
 from csi.backends.local.freeze_service import FreezeServer
 from csi.backends.local.health import Ledger
-from csi.backends.local.layout import SNAPSHOT_ID, VOLUME_ID, Layout
+from csi.backends.local.layout import IMAGE_SUFFIX, SNAPSHOT_ID, VOLUME_ID, Layout
 from csi.backends.local.quiesce import LocalQuiescer, thaw_staged
 from csi.backends.local.state import Store
 from csi.failures import FailedPreconditionError, OutOfRangeError
@@ -140,6 +141,10 @@ def reconcile(layout: Layout, store: Store) -> None:
     ):
         with os.scandir(directory) as entries:
             for entry in entries:
+                stem = layout.id_of(entry.name.removesuffix(files.DOOMED))
+                if entry.name.endswith(IMAGE_SUFFIX + files.DOOMED) and pattern.fullmatch(stem):
+                    _finish_delete(entry.path, stem in known)
+                    continue
                 stem = layout.id_of(entry.name)
                 if not (entry.name != stem and pattern.fullmatch(stem) and stem in known):
                     _orphan(layout, entry)
@@ -157,6 +162,18 @@ def reconcile(layout: Layout, store: Store) -> None:
                 store.set_size(volume_id, size)
     ledger.settle()
     _report_quarantine(layout)
+
+
+def _finish_delete(path: str, recorded: bool) -> None:
+    """A file a delete set aside (files.doomed) when the process died: its record gone, the delete was
+    acknowledged or about to be -- remove it; its record still there, the delete never happened -- give
+    it its name back."""
+    if recorded:
+        os.rename(path, path.removesuffix(files.DOOMED))
+        log.warning("named %s back: the delete that set it aside did not record itself", path)
+    else:
+        files.remove(path)
+        log.info("removed %s: its record is deleted, and the delete that set it aside died", path)
 
 
 def _orphan(layout: Layout, entry: os.DirEntry[str]) -> None:
@@ -186,7 +203,7 @@ def _orphan(layout: Layout, entry: os.DirEntry[str]) -> None:
                     "%s (%s); see docs/recovery.md", path, db, layout.orphans_dir, exc)  # fmt: skip
         return
     log.warning(
-        "moved %s to %s: %s has no record of it but it holds data (an interrupted copy or delete, or a "
+        "moved %s to %s: %s has no record of it but it holds data (an interrupted copy, or a "
         "volume the database does not know: was it restored from an older copy?); see docs/recovery.md",
         path,
         where,
