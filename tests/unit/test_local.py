@@ -20,7 +20,7 @@ from csi.backends import base
 from csi.backends.base import ContentSource, DiskOptions, SourceKind
 from csi.backends.local import LocalBackend, files, snapshots
 from csi.backends.local.health import Ledger
-from csi.backends.local.state import Store
+from csi.backends.local.state import StateFull, Store
 from csi.health import Status
 
 GiB, MiB = base.GiB, base.MiB
@@ -1009,3 +1009,19 @@ def test_never_written_vouches_only_for_a_file_without_any_data(be: LocalBackend
         "clone", DiskOptions(size_bytes=64 * MiB, source=ContentSource(SourceKind.VOLUME, written.id))
     )
     assert be.never_written(clone.id) is False
+
+
+def test_a_snapshot_whose_record_cannot_be_written_leaves_no_file(
+    be: LocalBackend, data: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The copy fitted, its record did not (a full disk): before, the copy stayed without a record until
+    start-up quarantined it."""
+    vol = be.create_volume("v", DiskOptions(size_bytes=MiB))
+
+    def full(*_: Any, **__: Any) -> None:
+        raise StateFull("the filesystem holding the data dir is full")
+
+    monkeypatch.setattr(be.store, "insert_snapshots", full)
+    with pytest.raises(StateFull):
+        be.create_snapshot("s", vol.id, {})
+    assert os.listdir(data / "snapshots") == []

@@ -195,10 +195,11 @@ class LocalSnapshots:
         return self._held(CLONE, name, {volume_id: path}, {CONSISTENCY: CRASH})
 
     def _insert(self, rows: Sequence[SnapshotRow], group: GroupRow | None = None) -> None:
-        """Record the copies; on a lost name race remove their files and raise NameTaken."""
+        """Record the copies; when that fails (a lost name race: NameTaken; a full disk) remove their
+        files, so a refused snapshot leaves nothing for start-up to quarantine."""
         try:
             self._store.insert_snapshots(rows, group)
-        except NameTaken:
+        except BaseException:
             self._remove(rows)
             raise
 
