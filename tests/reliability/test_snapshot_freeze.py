@@ -78,11 +78,8 @@ def frozen(path: str) -> bool:
     return False
 
 
-def test_the_copy_runs_with_the_staged_filesystem_frozen(
-    ext4_data_dir: Local, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    env = ext4_data_dir
-    (vid,) = published(env, 1, "frozen")
+def frozen_during_copies(env: Local, vid: str, monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """From now on, whether `vid`'s filesystem was frozen when each piece-by-piece copy began."""
     seen: list[bool] = []
     real = files._sparse_copy
 
@@ -91,6 +88,15 @@ def test_the_copy_runs_with_the_staged_filesystem_frozen(
         real(src_fd, dst_fd, length)
 
     monkeypatch.setattr(files, "_sparse_copy", probed)
+    return seen
+
+
+def test_the_copy_runs_with_the_staged_filesystem_frozen(
+    ext4_data_dir: Local, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = ext4_data_dir
+    (vid,) = published(env, 1, "frozen")
+    seen = frozen_during_copies(env, vid, monkeypatch)
     snapshot(env, "s", vid)
     assert seen == [True], "the piece-by-piece copy ran while the volume's filesystem took writes"
     not_frozen(env, [vid])
@@ -157,14 +163,7 @@ def test_a_clone_of_a_volume_in_use_is_copied_frozen(
     staged filesystem frozen; before, it copied a live filesystem and could come back torn."""
     env = ext4_data_dir
     (vid,) = published(env, 1, "source")
-    seen: list[bool] = []
-    real = files._sparse_copy
-
-    def probed(src_fd: int, dst_fd: int, length: int) -> None:
-        seen.append(frozen(env.target(vid)))
-        real(src_fd, dst_fd, length)
-
-    monkeypatch.setattr(files, "_sparse_copy", probed)
+    seen = frozen_during_copies(env, vid, monkeypatch)
     copy = env.client.controller.CreateVolume(clone(env, "copy", vid), timeout=120).volume
     assert seen == [True], "the clone's copy ran while its source's filesystem took writes"
     not_frozen(env, [vid])

@@ -17,7 +17,7 @@ import pytest
 
 from csi import failures, keys
 from csi.backends import base
-from csi.backends.base import ContentSource, DiskOptions, SourceKind
+from csi.backends.base import ContentSource, Disk, DiskOptions, SourceKind
 from csi.backends.local import LocalBackend, files, snapshots
 from csi.backends.local.health import Ledger
 from csi.backends.local.state import StateFull, Store
@@ -717,6 +717,22 @@ def test_prepared_device_binds_nothing(data: Path) -> None:
     be.close()
 
 
+def _bound_volume(data: Path, bound: str, recorded: bool, device: str) -> tuple[LocalBackend, Disk, str]:
+    """A backend over a fake loop module, a volume, and `device` bound to its file ("file"), to its file
+    since unlinked ("unlinked"), to another file ("other-file") or to nothing (""); its record deleted
+    unless `recorded`."""
+    loop = FakeLoop()
+    be = open_backend(data, loop=loop)
+    vol = be.create_volume("v", DiskOptions(size_bytes=MiB))
+    path = be.volume_path(vol.id)
+    backing = {"file": path, "unlinked": path + UNLINKED, "other-file": path + ".other"}.get(bound)
+    if backing:
+        loop.devices[device] = backing
+    if not recorded:
+        be.store.delete_volume(vol.id)
+    return be, vol, path
+
+
 @pytest.mark.parametrize(
     ("bound", "recorded", "refused"),
     [
@@ -733,15 +749,7 @@ def test_delete_refuses_a_volume_whose_file_a_loop_device_holds(
     data: Path, bound: str, recorded: bool, refused: type[Exception] | None
 ) -> None:
     """A force-detached volume is still staged on the node: its loop device is the local attachment."""
-    loop = FakeLoop()
-    be = open_backend(data, loop=loop)
-    vol = be.create_volume("v", DiskOptions(size_bytes=MiB))
-    path = be.volume_path(vol.id)
-    backing = {"file": path, "unlinked": path + UNLINKED, "other-file": path + ".other"}.get(bound)
-    if backing:
-        loop.devices["/dev/loop7"] = backing
-    if not recorded:
-        be.store.delete_volume(vol.id)
+    be, vol, path = _bound_volume(data, bound, recorded, "/dev/loop7")
     if refused is None:
         be.delete_volume(vol.id)
         assert not os.path.exists(path)
@@ -766,15 +774,7 @@ def test_delete_refuses_a_volume_whose_file_a_loop_device_holds(
 def test_leftover_device_is_found_by_the_volumes_file_path_without_its_record(
     data: Path, bound: str, recorded: bool, expected: str | None
 ) -> None:
-    loop = FakeLoop()
-    be = open_backend(data, loop=loop)
-    vol = be.create_volume("v", DiskOptions(size_bytes=MiB))
-    path = be.volume_path(vol.id)
-    backing = {"file": path, "unlinked": path + UNLINKED, "other-file": path + ".other"}.get(bound)
-    if backing:
-        loop.devices["/dev/loop3"] = backing
-    if not recorded:
-        be.store.delete_volume(vol.id)
+    be, vol, _ = _bound_volume(data, bound, recorded, "/dev/loop3")
     assert be.leftover_device(vol.id) == expected
     with pytest.raises(failures.NotFoundError):
         be.leftover_device("not-an-id")
