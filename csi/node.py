@@ -23,7 +23,6 @@ from csi.failures import (
     InvalidParameterError,
     NotFoundError,
     OutOfRangeError,
-    os_failures,
 )
 from csi.filesystems import VFS_FLAGS, check_fs_type, check_mount_flags, mkfs_argv, requested_fs_type
 from csi.health_rpcs import NodeHealthRPCs
@@ -138,9 +137,6 @@ class NodeService(NodeHealthRPCs, csi_pb2_grpc.NodeServicer):
             mkfs_argv("/dev/null", fs_type, vc)  # validates the format options before anything runs
             fs = Filesystem(fs_type, explicit, flags, _readonly(cap, flags), vc)
         with self._inflight.hold(f"node:{volume_id}"):
-            if fs is not None:  # made here, never through a link planted since the check (csi/paths.py)
-                with os_failures():
-                    paths.make_dirs(staging, self._roots)
             self.stager.stage(volume_id, request.publish_context, partition, staging, fs)
         return csi_pb2.NodeStageVolumeResponse()
 

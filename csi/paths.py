@@ -19,9 +19,8 @@ way raises InvalidParameterError with nothing created or removed.
 The window left: mount(2) and umount2(2) take a path string, so a parent swapped for a symlink between
 the last check and that syscall still redirects it. Publishing and unmounting (csi/publishing.py) call
 `check_reaches` / `recheck` right before the syscall, which narrows this to the gap between two
-syscalls. The mount of a staged filesystem (csi/staging.py) is not re-checked: there the window runs
-from the check to the mount, a format included (the node creates the staging directory through
-make_dirs first, so staging's own makedirs finds it). Closing the window would take mounting through
+syscalls; so does the mount of a staged filesystem (csi/staging.py), which makes the staging directory
+through make_dirs and re-checks it after the format. Closing the window would take mounting through
 /proc/self/fd/N or the new mount API (open_tree/move_mount), which the mount-program fallback of
 csi/mount.py cannot use.
 """
@@ -30,13 +29,16 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import os
+import re
 import stat
 from collections.abc import Iterator, Sequence
 
 from csi.failures import InvalidParameterError
 
 MAX_PATH_BYTES = 4096
+_CONTROL = re.compile("[\x00-\x1f\x7f]")
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -55,7 +57,7 @@ def check_path_form(path: str, field: str) -> None:
         raise InvalidParameterError(f"{field} is required")
     if len(path.encode("utf-8", "surrogatepass")) > MAX_PATH_BYTES:
         raise InvalidParameterError(f"{field} is longer than {MAX_PATH_BYTES} bytes")
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in path):
+    if _CONTROL.search(path):
         raise InvalidParameterError(f"{field} contains control characters")
 
 
@@ -67,19 +69,45 @@ def placed(path: str, allowed_roots: Sequence[str]) -> tuple[str, str]:
     if problem:
         return "", problem
     # The last component is not followed: a path that is a link is refused below, not resolved.
-    resolved = os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
-    roots = tuple(dict.fromkeys(resolved_roots(allowed_roots)))
+    parent, complete = _resolve(os.path.dirname(path))
+    resolved = os.path.join(parent, os.path.basename(path))
+    roots = _resolved_once(tuple(allowed_roots))
     if not under_roots(resolved, roots):
         return "", (
             f"{path!r} resolves to {resolved!r}, outside the allowed directories ({', '.join(roots)}): "
             "a symbolic link on the way leads out of them"
         )
-    link = _first_link(resolved)
+    # Every directory of a completely resolved parent is no link; else look for the one left standing.
+    link = _first_link(resolved) if not complete else resolved if _is_link(resolved) else ""
     if link == resolved:
         return "", f"{path!r} is a symbolic link; staging and target paths must not be links"
     if link:
         return "", f"{path!r} passes through {link!r}, a symbolic link that does not resolve"
     return resolved, ""
+
+
+def _resolve(directory: str) -> tuple[str, bool]:
+    """(`directory` with its symbolic links followed, whether all of it exists and resolved): a missing
+    part is kept as written, and a link that does not resolve (a loop) is left in place."""
+    try:
+        return os.path.realpath(directory, strict=True), True
+    except OSError:
+        return os.path.realpath(directory), False
+
+
+def _is_link(path: str) -> bool:
+    try:
+        return stat.S_ISLNK(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+@functools.lru_cache(maxsize=8)
+def _resolved_once(roots: tuple[str, ...]) -> tuple[str, ...]:
+    """The allowed roots resolved, once per set of roots: re-pointing a link above a root while the
+    driver runs only narrows what is accepted (paths under its new target resolve outside the old
+    one), so a stale answer fails closed."""
+    return tuple(dict.fromkeys(resolved_roots(roots)))
 
 
 def misplaced(path: str, allowed_roots: Sequence[str]) -> str:
