@@ -196,7 +196,13 @@ def found_parent(path: str, allowed_roots: Sequence[str]) -> Iterator[int | None
 
 def make_dirs(path: str, allowed_roots: Sequence[str], mode: int = 0o777) -> bool:
     """Create the directory `path` (a checked path) and its missing parents, each relative to the one
-    above. True when it created `path`; an existing entry of any kind is left for the caller to judge."""
+    above. True when it created `path`; an existing entry of any kind is left for the caller to judge.
+    A directory already there (the CO made it, as it usually does) is left without a walk: nothing is
+    created, so nothing can be created through a link; the caller's re-check before it mounts there
+    still catches a link planted above it."""
+    with contextlib.suppress(OSError):
+        if stat.S_ISDIR(os.lstat(path).st_mode):
+            return False
     with made_parent(path, allowed_roots) as parent:
         try:
             os.mkdir(os.path.basename(path), mode, dir_fd=parent)
