@@ -18,12 +18,7 @@ from csi._proto import csi_pb2, csi_pb2_grpc
 from csi.backends.base import Backend
 from csi.capabilities import NRPC, Capabilities
 from csi.config import Config
-from csi.failures import (
-    FailedPreconditionError,
-    InvalidParameterError,
-    NotFoundError,
-    OutOfRangeError,
-)
+from csi.failures import FailedPreconditionError, InvalidParameterError, NotFoundError, OutOfRangeError
 from csi.filesystems import VFS_FLAGS, check_fs_type, check_mount_flags, mkfs_argv, requested_fs_type
 from csi.health_rpcs import NodeHealthRPCs
 from csi.inflight import InFlight
