@@ -78,7 +78,7 @@ def placed(path: str, allowed_roots: Sequence[str]) -> tuple[str, str]:
             "a symbolic link on the way leads out of them"
         )
     # Every directory of a completely resolved parent is no link; else look for the one left standing.
-    link = _first_link(resolved) if not complete else resolved if _is_link(resolved) else ""
+    link = (resolved if _is_link(resolved) else "") if complete else _first_link(resolved)
     if link == resolved:
         return "", f"{path!r} is a symbolic link; staging and target paths must not be links"
     if link:

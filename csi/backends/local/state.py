@@ -385,14 +385,12 @@ class Store:
             for r in self._read("SELECT * FROM snapshots WHERE group_id = ? ORDER BY seq", (group_id,))
         ]
 
-    def delete_group(self, group_id: str) -> list[str]:
-        """Remove a group and its member snapshots in one transaction; returns the member ids. As
-        delete_snapshot on a full disk."""
+    def delete_group(self, group_id: str) -> None:
+        """Remove a group and its member snapshots in one transaction. As delete_snapshot on a full
+        disk."""
 
-        def delete(db: sqlite3.Connection) -> list[str]:
-            ids = [r["id"] for r in db.execute("SELECT id FROM snapshots WHERE group_id = ?", (group_id,))]
+        def delete(db: sqlite3.Connection) -> None:
             db.execute("DELETE FROM snapshots WHERE group_id = ?", (group_id,))
             db.execute("DELETE FROM groups WHERE id = ?", (group_id,))
-            return ids
 
-        return self._freeing(delete)
+        self._freeing(delete)

@@ -5,6 +5,7 @@ kubernetes.io/pv-protection finalizer. Run against the fake API server (tests/sh
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Sequence
 
@@ -15,10 +16,11 @@ from shim.migrate.events import EventRecorder
 from shim.migrate.journal import Journal
 from shim.migrate.kube import KubeClient
 from shim.migrate.metrics import Metrics
-from shim.migrate.objects import ClaimRef, record_of
+from shim.migrate.objects import record_of
 from shim.migrate.usage import LiveClaims, UsageFrom
 from tests.shim.fake_kube_api import FakeKubeAPI
 from tests.shim.migrate.samples import Obj, sample_pv
+from tests.shim.migrate.test_journal_and_lock import journal as sample_journal
 
 PVS = "/api/v1/persistentvolumes"
 PODS = "/api/v1/namespaces/ns/pods"
@@ -39,23 +41,10 @@ def bound_pv(deleting: bool, finalizers: tuple[str, ...] = (PROTECTION,)) -> Obj
 
 
 def journal(pv: Obj, step: str) -> Journal:
+    """The shared sample journal (test_journal_and_lock), at `step`, recording `pv` as its source."""
     source = record_of(pv)
     source["spec"]["persistentVolumeReclaimPolicy"] = "Delete"
-    return Journal(
-        id="j-1",
-        direction="convert",
-        pv="pv-1",
-        plugin="kubernetes.io/aws-ebs",
-        source_uid="u-1",
-        policy="Delete",
-        was_bound=True,
-        claim=ClaimRef("ns", "data", "c-1"),
-        source=source,
-        target={"metadata": {"name": "pv-1"}, "spec": {}},
-        started_by="a_0.1.0",
-        started_at="2026-01-01T00:00:00Z",
-        step=step,
-    )
+    return dataclasses.replace(sample_journal(), source=source, step=step)
 
 
 def pod_using_claim() -> Obj:
