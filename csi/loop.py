@@ -7,9 +7,9 @@ Contracts:
   answers the same from sysfs without opening a device (for unprivileged processes), `backed_under(dir)`
   for every file in a directory. A backing file unlinked while bound keeps its device: sysfs then names
   it `<path> (deleted)`, which `backed_by(path, unlinked=True)` also finds.
-- `detach_file(file)` unbinds every loop device backed by `file`, and every one bound to a file since
-  unlinked from that path. Idempotent: none -> no-op. A device still open elsewhere (mounted) is unbound
-  by the kernel when its last user closes it.
+- `detach_file(file)` unbinds every loop device backed by `file` or, when the path holds no file any
+  more, every one bound to the file since unlinked from it. Idempotent: none -> no-op. A device still
+  open elsewhere (mounted) is unbound by the kernel when its last user closes it.
 - `maps(dev, file)` is True when `dev` is bound to `file` itself (the same inode, not merely the same
   path name), read with one ioctl.
 - `backing_file(dev)` / `device_size(dev)` / `refresh_capacity(dev)` inspect or resize one device
@@ -207,13 +207,12 @@ def backed_by(path: str, *, unlinked: bool = False) -> list[str]:
     whose file has since been unlinked from `path`. Needs no privilege (it opens no device), so a
     non-root process can tell whether a file is in use through a loop device."""
     real = os.path.realpath(path)
-    names = {real, real + UNLINKED} if unlinked else {real}
+    return _named(real, real + UNLINKED) if unlinked else _named(real)
+
+
+def _named(*names: str) -> list[str]:
+    """Bound loop devices whose backing file sysfs names as one of `names`."""
     return [d for d in _bound_devices() if backing_file(d) in names]
-
-
-def _named(name: str) -> list[str]:
-    """Bound loop devices whose backing file sysfs names exactly `name`."""
-    return [d for d in _bound_devices() if backing_file(d) == name]
 
 
 def backed_under(directory: str) -> list[str]:
@@ -325,19 +324,19 @@ def _losetup(*args: str, doing: str) -> str:
 
 
 def detach_file(backing_file: str) -> None:
-    """Unbind every loop device backed by `backing_file`, or by a file unlinked from that path while
-    bound (found by the name sysfs gives it, checked again once the device is open). None bound -> no-op."""
+    """Unbind every loop device backed by `backing_file` or, when no file is there any more, by the file
+    unlinked from that path while bound (found by the name sysfs gives it, checked again once the device
+    is open). None bound -> no-op. One scan of the loop devices either way."""
     with _lock:
         try:
             st = os.stat(backing_file)
         except FileNotFoundError:
-            pass
-        else:
-            for device in _devices_for(st):
-                _detach_device(device)
-        gone = os.path.realpath(backing_file) + UNLINKED
-        for device in _named(gone):
-            _detach_device(device, gone)
+            gone = os.path.realpath(backing_file) + UNLINKED
+            for device in _named(gone):
+                _detach_device(device, gone)
+            return
+        for device in _devices_for(st):
+            _detach_device(device)
 
 
 def _detach_device(device: str, name: str | None = None) -> None:
