@@ -66,6 +66,6 @@ def test_hostile_requests_are_rejected_without_side_effects(node_env: NodeEnv, s
         assert_code(node_env.client.node.NodePublishVolume, publish, grpc.StatusCode.INVALID_ARGUMENT)
     mounts, loops = leftovers(node_env.tmp, node_env.data_dir)
     assert mounts == [] and loops == []
-    assert loop._devices_for(os.stat(vol.file)) == []
+    assert loop.devices_for(os.stat(vol.file)) == []
     assert sorted(str(p) for p in node_env.kubelet.rglob("*")) == before
     assert not os.path.exists("/etc/ballast-staging") and not os.path.exists("/tmp/ballast-target")

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from csi import devices, loop
+from csi import devices, loop, loopfind
 from csi.failures import NotFoundError
 from csi.mount import Mounter
 from tests.conftest import require_root
@@ -29,7 +29,7 @@ def backing(tmp_path: Path) -> Iterator[str]:
         fh.truncate(32 * MiB)
     yield str(path)
     loop.detach_file(str(path))
-    assert loop._devices_for(os.stat(path)) == [], "loop device leaked"
+    assert loop.devices_for(os.stat(path)) == [], "loop device leaked"
 
 
 def test_attach_reuses_the_device_bound_to_the_file(backing: str) -> None:
@@ -123,6 +123,59 @@ def test_a_file_unlinked_while_bound_is_found_and_detached_by_the_path_it_had(ba
         open(backing, "wb").close()  # for the fixture's own check
 
 
+def _no_scan() -> list[str]:
+    raise AssertionError("scanned the loop devices")
+
+
+def test_a_file_nobody_holds_needs_no_scan(backing: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel grants a write lease only on a file no other open file refers to, and a bound device
+    holds its backing file open: so an unheld file is bound nowhere, found without reading sysfs."""
+    with monkeypatch.context() as scans:
+        scans.setattr(loopfind, "bound_devices", _no_scan)
+        assert loop.unheld(backing) and loop.devices_of(backing) == [] and loop.bound(backing) is None
+        device = loop.attach(backing)
+    assert not loop.unheld(backing), "a bound device holds its file"
+    assert loop.attach(backing) == device == loop.bound(backing), "found by the scan"
+    loop.detach_file(backing)
+    with monkeypatch.context() as scans:
+        scans.setattr(loopfind, "bound_devices", _no_scan)
+        assert loop.unheld(backing)
+        loop.detach_file(backing)
+
+
+@pytest.mark.parametrize(
+    "refusal",
+    [errno.EAGAIN, errno.EINVAL, errno.EACCES],
+    ids=["held-open-elsewhere", "leases-disabled", "not-owner"],
+)
+def test_without_a_lease_the_scan_still_finds_the_device(
+    backing: str, monkeypatch: pytest.MonkeyPatch, refusal: int
+) -> None:
+    device = loop.attach(backing)
+    real = fcntl.fcntl
+
+    def refused(fd: int, cmd: int, *args: Any) -> Any:
+        if cmd == fcntl.F_SETLEASE:
+            raise OSError(refusal, os.strerror(refusal))
+        return real(fd, cmd, *args)
+
+    monkeypatch.setattr(fcntl, "fcntl", refused)
+    assert not loop.unheld(backing)
+    assert loop.attach(backing) == device == loop.bound(backing)
+    loop.detach_file(backing)
+    assert loop.backing_file(device) != backing
+
+
+def test_a_file_open_elsewhere_is_held(backing: str, tmp_path: Path) -> None:
+    with open(backing, "rb"):
+        assert not loop.unheld(backing)
+    assert loop.unheld(backing)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    assert not loop.unheld(str(fifo)) and loop.devices_of(str(fifo)) == [], "never opened to block"
+    assert not loop.unheld(str(tmp_path)) and not loop.unheld(str(tmp_path / "missing"))
+
+
 def test_attach_of_a_missing_file_is_not_found(tmp_path: Path) -> None:
     require_root()
     with pytest.raises(NotFoundError):
@@ -130,7 +183,7 @@ def test_attach_of_a_missing_file_is_not_found(tmp_path: Path) -> None:
 
 
 def test_autoclear_and_direct_io_are_off(backing: str) -> None:
-    info = loop._status(loop.attach(backing))
+    info = loop.status(loop.attach(backing))
     assert info is not None
     assert not info.lo_flags & loop.LO_FLAGS_AUTOCLEAR
     assert not info.lo_flags & loop.LO_FLAGS_DIRECT_IO
@@ -157,4 +210,4 @@ def test_losetup_does_the_work_when_the_ioctls_are_missing(
     loop.refresh_capacity(device)
     assert loop.device_size(device) == 48 * MiB
     loop.detach_file(backing)
-    assert loop._devices_for(os.stat(backing)) == []
+    assert loop.devices_for(os.stat(backing)) == []

@@ -131,7 +131,7 @@ def assert_consistent(data_dir: Path) -> DiskState:
 
 def loops_over(directory: Path) -> list[str]:
     out = []
-    for dev in loop._bound_devices():
+    for dev in loop.bound_devices():
         backing = loop.backing_file(dev) or ""
         if backing.startswith(str(directory) + "/"):
             out.append(dev)

@@ -62,6 +62,9 @@ class FakeLoop:
         names = {path, path + UNLINKED} if unlinked else {path}
         return [d for d, p in self.devices.items() if p in names]
 
+    def unheld(self, path: str) -> bool:
+        return os.path.isfile(path) and path not in self.devices.values()
+
     def maps(self, device: str, backing_file: str) -> bool:
         return self.backing_file(device) == backing_file
 
@@ -719,15 +722,19 @@ def test_prepared_device_binds_nothing(data: Path) -> None:
 
 def _bound_volume(data: Path, bound: str, recorded: bool, device: str) -> tuple[LocalBackend, Disk, str]:
     """A backend over a fake loop module, a volume, and `device` bound to its file ("file"), to its file
-    since unlinked ("unlinked"), to another file ("other-file") or to nothing (""); its record deleted
-    unless `recorded`."""
+    since unlinked ("unlinked"), to an earlier file unlinked from its path with its file there now
+    ("replaced"), to another file ("other-file") or to nothing (""); its record deleted unless
+    `recorded`."""
     loop = FakeLoop()
     be = open_backend(data, loop=loop)
     vol = be.create_volume("v", DiskOptions(size_bytes=MiB))
     path = be.volume_path(vol.id)
-    backing = {"file": path, "unlinked": path + UNLINKED, "other-file": path + ".other"}.get(bound)
-    if backing:
-        loop.devices[device] = backing
+    gone = path + UNLINKED
+    names = {"file": path, "unlinked": gone, "replaced": gone, "other-file": path + ".other"}
+    if bound in names:
+        loop.devices[device] = names[bound]
+    if bound == "unlinked":
+        os.unlink(path)
     if not recorded:
         be.store.delete_volume(vol.id)
     return be, vol, path
@@ -741,6 +748,7 @@ def _bound_volume(data: Path, bound: str, recorded: bool, device: str) -> tuple[
         pytest.param(
             "unlinked", True, failures.FailedPreconditionError, id="bound-over-its-unlinked-file-is-refused"
         ),
+        pytest.param("replaced", True, None, id="a-device-over-an-earlier-file-does-not-hold-this-one"),
         pytest.param("other-file", True, None, id="another-files-device-does-not-count"),
         pytest.param("file", False, failures.NotFoundError, id="already-deleted-is-not-found"),
     ],
@@ -756,7 +764,7 @@ def test_delete_refuses_a_volume_whose_file_a_loop_device_holds(
     else:
         with pytest.raises(refused, match=r"/dev/loop7.*unstage it" if recorded else "not found"):
             be.delete_volume(vol.id)
-        assert os.path.exists(path), "the file of a volume in use stays"
+        assert bound == "unlinked" or os.path.exists(path), "the file of a volume in use stays"
         assert not recorded or be.get_volume(vol.id).id == vol.id, "and so does its record"
     be.close()
 

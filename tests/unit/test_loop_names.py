@@ -1,4 +1,4 @@
-"""csi/loop.py's sysfs reading, over a fake /sys/block (no root): which bound devices a path names."""
+"""csi/loopfind.py's sysfs reading, over a fake /sys/block (no root): which bound devices a path names."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from csi import loop
+from csi import loop, loopfind
 
 FILE = "/nonexistent-ballast/volumes/lv-1.img"  # no symlink on the way: realpath keeps it
 
@@ -30,7 +30,7 @@ def sysfs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         if backing is not None:
             (device / "loop").mkdir()
             (device / "loop" / "backing_file").write_text(backing + "\n")
-    monkeypatch.setattr(loop, "SYS_BLOCK", str(tmp_path))
+    monkeypatch.setattr(loopfind, "SYS_BLOCK", str(tmp_path))
     return tmp_path
 
 
@@ -60,6 +60,6 @@ def test_a_device_unbound_while_a_scan_reads_it_counts_as_unbound(
             raise OSError(errno.ENODEV, os.strerror(errno.ENODEV))
         return real_open(path, *args, **kwargs)
 
-    monkeypatch.setattr(loop, "open", racing_open, raising=False)  # the name csi.loop looks up first
+    monkeypatch.setattr(loopfind, "open", racing_open, raising=False)  # the name csi.loopfind looks up first
     assert loop.backing_file("/dev/loop0") is None
     assert loop.backed_by(FILE, unlinked=True) == ["/dev/loop1"]

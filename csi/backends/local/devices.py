@@ -62,8 +62,10 @@ class LoopDevices:
 
     def users(self, path: str) -> list[str]:
         """Loop devices bound over the file at `path`, or over a file since unlinked from it, by the name
-        the kernel gives their backing file; binds nothing."""
-        return list(self._module().backed_by(path, unlinked=True))
+        the kernel gives their backing file; binds nothing. A file there that nobody holds open has none:
+        no device is over it, and none over an earlier file at its path (volume ids are never reused)."""
+        loop = self._module()
+        return [] if loop.unheld(path) else list(loop.backed_by(path, unlinked=True))
 
     def release(self, path: str) -> None:
         """Detach every loop device over `path`, or over a file since unlinked from it. Idempotent."""
