@@ -103,6 +103,32 @@ def test_the_copy_runs_with_the_staged_filesystem_frozen(
     take_down(env, [vid])
 
 
+def test_a_copy_that_cannot_fit_is_refused_before_it_holds_the_writers(
+    ext4_data_dir: Local, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """More data in the volume than free space in the data dir: RESOURCE_EXHAUSTED at once, the pod's
+    writes never held for a copy that cannot finish, and no partial copy left behind."""
+    env = ext4_data_dir
+    (vid,) = published(env, 1, "full")
+    with open(os.path.join(env.target(vid), "data"), "wb") as fh:
+        fh.write(b"\x01" * (48 * MiB))
+        os.fsync(fh.fileno())
+    seen = frozen_during_copies(env, vid, monkeypatch)
+    filler = env.data_dir / "filler"
+    with open(filler, "wb") as fh:
+        st = os.fstatvfs(fh.fileno())
+        os.posix_fallocate(fh.fileno(), 0, st.f_bfree * st.f_frsize - 24 * MiB)  # root's reserve too
+    snapshots = set(os.listdir(env.data_dir / "snapshots"))
+    request = csi_pb2.CreateSnapshotRequest(name="s", source_volume_id=vid)
+    assert_code(env.client.controller.CreateSnapshot, request, Code.RESOURCE_EXHAUSTED, contains="free")
+    assert seen == [] and set(os.listdir(env.data_dir / "snapshots")) == snapshots
+    filler.unlink()
+    snapshot(env, "s", vid)
+    assert seen == [True], "with room the copy runs, frozen"
+    not_frozen(env, [vid])
+    take_down(env, [vid])
+
+
 def test_snapshots_taken_while_writers_run_are_point_in_time(ext4_data_dir: Local) -> None:
     """Two files of one volume, stamped one after the other: a point-in-time image has the same
     numbers in both, but for the last one in the first file. Without the freeze the copy tears."""

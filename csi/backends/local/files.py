@@ -119,8 +119,9 @@ def copy(
     the writers of `src`, which is what makes that copy point-in-time; anything it raises fails the
     copy. Returns True when the copy shares blocks (reflink). `dst` is durable (file, then directory)
     on return. Refuses to overwrite `dst`; on failure `dst` is removed. A missing `src` raises
-    FileNotFoundError; no space -> OutOfCapacityError; a size the filesystem cannot hold ->
-    OutOfRangeError. Made by root, `dst` is its directory's owner's (ownership.py).
+    FileNotFoundError; no space -> OutOfCapacityError, before `held()` when the source's data already
+    exceeds the free space; a size the filesystem cannot hold -> OutOfRangeError. Made by root, `dst`
+    is its directory's owner's (ownership.py).
     """
     src_fd = os.open(src, os.O_RDONLY | os.O_CLOEXEC)
     try:
@@ -130,6 +131,7 @@ def copy(
             length = os.fstat(src_fd).st_size
             shared = _reflink(src_fd, dst_fd)
             if not shared:
+                _room_for(src_fd, dst_fd, dst)
                 os.ftruncate(dst_fd, length)
                 with held():
                     _sparse_copy(src_fd, dst_fd, length)
@@ -149,6 +151,21 @@ def copy(
         os.close(src_fd)
     sync_dir(os.path.dirname(dst))
     return shared
+
+
+def _room_for(src_fd: int, dst_fd: int, dst: str) -> None:
+    """A piece-by-piece copy writes every data block of the source: more of them than the free space ->
+    OutOfCapacityError at once, so a copy that cannot finish never holds the source's writers. Free as
+    for every capacity check here: what unprivileged writers may use (root's reserve is the host's)."""
+    needed = os.fstat(src_fd).st_blocks * 512
+    st = os.fstatvfs(dst_fd)
+    free = st.f_bavail * st.f_frsize
+    if needed > free:
+        raise OutOfCapacityError(
+            f"the copy needs {needed} bytes (the data of its source), but the filesystem holding "
+            f"{os.path.dirname(dst)} has {free} bytes free; free space there (delete unused snapshots "
+            "or volumes) and retry"
+        )
 
 
 def grow(path: str, size: int) -> None:
