@@ -5,7 +5,8 @@ fallback whatever filesystem the host has. The driver takes that copy with the v
 filesystem frozen: checked directly (the filesystem is frozen while the copy runs, thawed after), and
 by its effect (writers stamping a sequence into two files of the volume while snapshots are taken: each
 restored snapshot fscks clean and holds one cut; without the freeze the copy tears). A volume published
-as a raw block device cannot be frozen: its snapshot is refused unless `consistency: best-effort`.
+as a raw block device cannot be frozen: its snapshot is refused unless `consistency: best-effort`. A
+copy, single or group, that the free space cannot hold is refused before anything freezes.
 (With reflink the copy is atomic and none of this applies: tests/integration/test_cbt.py snapshots a
 raw block publish on xfs without any parameter.)
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -103,8 +104,18 @@ def test_the_copy_runs_with_the_staged_filesystem_frozen(
     take_down(env, [vid])
 
 
+def _single(env: Local, vid: str) -> Any:
+    return env.client.controller.CreateSnapshot, csi_pb2.CreateSnapshotRequest(name="s", source_volume_id=vid)
+
+
+def _group(env: Local, vid: str) -> Any:
+    request = csi_pb2.CreateVolumeGroupSnapshotRequest(name="g", source_volume_ids=[vid])
+    return env.client.group.CreateVolumeGroupSnapshot, request
+
+
+@pytest.mark.parametrize("take", [_single, _group], ids=["snapshot", "group-snapshot"])
 def test_a_copy_that_cannot_fit_is_refused_before_it_holds_the_writers(
-    ext4_data_dir: Local, monkeypatch: pytest.MonkeyPatch
+    ext4_data_dir: Local, monkeypatch: pytest.MonkeyPatch, take: Callable[[Local, str], Any]
 ) -> None:
     """More data in the volume than free space in the data dir: RESOURCE_EXHAUSTED at once, the pod's
     writes never held for a copy that cannot finish, and no partial copy left behind."""
@@ -113,18 +124,25 @@ def test_a_copy_that_cannot_fit_is_refused_before_it_holds_the_writers(
     with open(os.path.join(env.target(vid), "data"), "wb") as fh:
         fh.write(b"\x01" * (48 * MiB))
         os.fsync(fh.fileno())
-    seen = frozen_during_copies(env, vid, monkeypatch)
+    frozen_at: list[str] = []
+    real = freeze.freeze
+
+    def recorded(point: str) -> int:
+        frozen_at.append(point)
+        return real(point)
+
+    monkeypatch.setattr(freeze, "freeze", recorded)
     filler = env.data_dir / "filler"
     with open(filler, "wb") as fh:
         st = os.fstatvfs(fh.fileno())
         os.posix_fallocate(fh.fileno(), 0, st.f_bfree * st.f_frsize - 24 * MiB)  # root's reserve too
     snapshots = set(os.listdir(env.data_dir / "snapshots"))
-    request = csi_pb2.CreateSnapshotRequest(name="s", source_volume_id=vid)
-    assert_code(env.client.controller.CreateSnapshot, request, Code.RESOURCE_EXHAUSTED, contains="free")
-    assert seen == [] and set(os.listdir(env.data_dir / "snapshots")) == snapshots
+    call, request = take(env, vid)
+    assert_code(call, request, Code.RESOURCE_EXHAUSTED, contains="free")
+    assert frozen_at == [] and set(os.listdir(env.data_dir / "snapshots")) == snapshots
     filler.unlink()
-    snapshot(env, "s", vid)
-    assert seen == [True], "with room the copy runs, frozen"
+    call(request, timeout=120)
+    assert frozen_at == [env.staging(vid)], "with room the copy runs, frozen"
     not_frozen(env, [vid])
     take_down(env, [vid])
 

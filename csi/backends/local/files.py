@@ -159,12 +159,28 @@ def _room_for(src_fd: int, dst_fd: int, dst: str) -> None:
     for every capacity check here: what unprivileged writers may use (root's reserve is the host's)."""
     needed = os.fstat(src_fd).st_blocks * 512
     st = os.fstatvfs(dst_fd)
-    free = st.f_bavail * st.f_frsize
+    _fits(needed, st.f_bavail * st.f_frsize, os.path.dirname(dst))
+
+
+def check_room(sources: Sequence[str], directory: str) -> None:
+    """Copies of `sources` into `directory` all made piece by piece need the data of all of them free
+    there: more -> OutOfCapacityError, unless the filesystem reflinks (copies then share blocks). For a
+    group, whose members are held together before any is copied (the single copy checks itself)."""
+    needed = 0
+    for source in sources:
+        with contextlib.suppress(FileNotFoundError):  # the copy itself says what is missing
+            needed += os.stat(source).st_blocks * 512
+    free = space(directory).free
+    if needed > free and not can_reflink(directory):
+        _fits(needed, free, directory)
+
+
+def _fits(needed: int, free: int, directory: str) -> None:
     if needed > free:
         raise OutOfCapacityError(
             f"the copy needs {needed} bytes (the data of its source), but the filesystem holding "
-            f"{os.path.dirname(dst)} has {free} bytes free; free space there (delete unused snapshots "
-            "or volumes) and retry"
+            f"{directory} has {free} bytes free; free space there (delete unused snapshots or volumes) "
+            "and retry"
         )
 
 

@@ -279,7 +279,9 @@ class LocalSnapshots:
         locks go; none left on failure. Lost name race -> NameTaken."""
         with self._locks.hold(*volume_ids):
             rows = [self._store.existing_volume(v) for v in volume_ids]
-            with self._held(GROUP, name, {r.id: self._layout.volume_file(r.id) for r in rows}, consistency):
+            sources = {r.id: self._layout.volume_file(r.id) for r in rows}
+            files.check_room(list(sources.values()), self._layout.snapshots_dir)
+            with self._held(GROUP, name, sources, consistency):
                 failpoints.hit("local.group-snapshot.frozen")
                 group = GroupRow(
                     new_id(GROUP_PREFIX), name, volume_ids, self._instant(volume_ids), consistency
