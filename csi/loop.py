@@ -101,7 +101,7 @@ class _Fallback(Exception):
 
 
 def _open_backing(backing_file: str) -> tuple[int, int]:
-    """A blocking fd on `backing_file` for LOOP_CONFIGURE (read-write, or read-only when the file is,
+    """An fd on `backing_file` for LOOP_CONFIGURE (read-write, or read-only when the file is,
     binding a read-only device) and the loop flags for it. Missing -> NotFoundError; not a regular
     file -> InvalidParameterError."""
     try:
@@ -111,11 +111,8 @@ def _open_backing(backing_file: str) -> tuple[int, int]:
             fd, lo_flags = open_file(backing_file), LO_FLAGS_PARTSCAN | LO_FLAGS_READ_ONLY
     except FileNotFoundError as exc:
         raise NotFoundError(f"backing file {backing_file} does not exist") from exc
-    except IsADirectoryError:
-        fd = None
     if fd is None:
         raise InvalidParameterError(f"{backing_file} is not a regular file")
-    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
     return fd, lo_flags
 
 

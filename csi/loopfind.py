@@ -19,6 +19,7 @@ import errno
 import fcntl
 import os
 import re
+import signal
 import stat
 
 LOOP_GET_STATUS64 = 0x4C05
@@ -87,12 +88,16 @@ def devices_for(st: os.stat_result) -> list[str]:
 
 
 def _unopened(fd: int) -> bool:
-    """True when no other open file refers to the inode open at `fd`, so no loop device is bound to it
-    (a bound device holds its backing file open). fcntl(2): "a write lease may be placed on a file only
-    if there are no other open file descriptors for the file". The lease is given back at once. False
-    when the kernel refuses it (EAGAIN) or cannot tell here (leases disabled, a filesystem without them,
-    neither owner nor CAP_LEASE): the caller then scans."""
+    """True when no other open file refers to the inode open at `fd`, so no loop device is bound to it (a
+    bound device holds its backing file open). fcntl(2): "a write lease may be placed on a file only if
+    there are no other open file descriptors for the file". The lease is given back at once; another open
+    meanwhile waits for that (with O_NONBLOCK it fails, EWOULDBLOCK). The kernel tells a lease holder of
+    such an open with a signal: SIGIO by default, which would end this process, so this file's is set to
+    SIGURG, which nothing here handles and whose default is to ignore it. False when the kernel refuses
+    the lease (EAGAIN) or cannot tell here (leases disabled, a filesystem without them, neither owner nor
+    CAP_LEASE): the caller then scans."""
     try:
+        fcntl.fcntl(fd, fcntl.F_SETSIG, signal.SIGURG)
         fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_WRLCK)
     except OSError:
         return False
@@ -107,13 +112,11 @@ def holders(fd: int) -> list[str]:
 
 
 def open_file(path: str, flags: int = os.O_RDONLY) -> int | None:
-    """An fd on the regular file at `path`; None when something else is there (opened non-blocking, so
-    a FIFO cannot hang the caller). Missing -> FileNotFoundError."""
-    fd = os.open(path, flags | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK)
-    if stat.S_ISREG(os.fstat(fd).st_mode):
-        return fd
-    os.close(fd)
-    return None
+    """An fd on the regular file at `path`; None when something else is there (never opened, so a FIFO
+    cannot hang the caller). Missing -> FileNotFoundError."""
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        return None
+    return os.open(path, flags | os.O_CLOEXEC | os.O_NOCTTY)
 
 
 def maps(device: str, backing_file: str) -> bool:

@@ -6,6 +6,8 @@ import errno
 import fcntl
 import os
 import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +17,7 @@ import pytest
 from csi import devices, loop, loopfind
 from csi.failures import NotFoundError
 from csi.mount import Mounter
-from tests.conftest import require_root
+from tests.conftest import REPO, require_root
 from tests.integration.conftest import write_mbr
 
 MiB = 1024**2
@@ -164,6 +166,40 @@ def test_without_a_lease_the_scan_still_finds_the_device(
     assert loop.attach(backing) == device == loop.bound(backing)
     loop.detach_file(backing)
     assert loop.backing_file(device) != backing
+
+
+# A process asking `unheld` whose lease the kernel keeps for a second: time for another to open the file.
+_SLOW_LEASE = """
+import fcntl, sys, time
+from csi import loopfind
+real = fcntl.fcntl
+def slow(fd, cmd, arg=0):
+    out = real(fd, cmd, arg)
+    if cmd == fcntl.F_SETLEASE and arg == fcntl.F_WRLCK:
+        print("leased", flush=True)
+        time.sleep(1)
+    return out
+fcntl.fcntl = slow
+print(loopfind.unheld(sys.argv[1]), flush=True)
+"""
+
+
+def test_an_open_while_the_lease_is_held_waits_and_the_asker_lives_on(backing: str) -> None:
+    """The kernel signals a lease holder when another process opens its file (SIGIO by default, which
+    ends a process that does not handle it): the driver must live through that, and the open wait."""
+    asker = subprocess.Popen(
+        [sys.executable, "-c", _SLOW_LEASE, backing], stdout=subprocess.PIPE, text=True, cwd=REPO
+    )
+    try:
+        assert asker.stdout is not None and asker.stdout.readline() == "leased\n"
+        started = time.monotonic()
+        with open(backing, "rb"):
+            waited = time.monotonic() - started
+        assert asker.wait(30) == 0, f"the asker died (signal {-asker.returncode})"
+        assert asker.stdout.read() == "True\n" and waited > 0.2, "the open waited for the lease"
+    finally:
+        asker.kill()
+        asker.wait()
 
 
 def test_a_file_open_elsewhere_is_held(backing: str, tmp_path: Path) -> None:
