@@ -181,6 +181,21 @@ def test_the_paging_target_is_met_only_by_one_sweep_through_10000_volumes(
     assert _paging_row(results, tmp_path, volumes, after).endswith(f" after | {cell} |")
 
 
+def test_a_missed_cycle_gives_its_calls_beside_the_floors_programs(results: Path, tmp_path: Path) -> None:
+    path = results / "node.json"
+    doc = json.loads(path.read_text())
+    xfs = doc["figures"]["xfs"]
+    xfs["ratio_median"], xfs["cycle_target_met"] = 1.31, False
+    path.write_text(json.dumps(doc))
+    page = render(results, tmp_path, plots=False)
+    row = next(line for line in page.splitlines() if line.startswith("| node cycle / tool floor, xfs"))
+    calls, rpc = xfs["driver_calls"], xfs["empty_rpc"]["median_ms"]
+    assert "| 1.310x | **missed**: the cycle took" in row
+    assert f"the cycle is {len(calls)} RPCs, each at least the {rpc:.2f} ms of an RPC" in row
+    assert f"stage {calls['stage']['median_ms']:.1f}" in row
+    assert f"mkfs {xfs['tool_floor_steps']['mkfs']['median_ms']:.1f}" in row.split("by program:")[1]
+
+
 @pytest.mark.parametrize(
     ("mount_ms", "beyond_reach"),
     [
