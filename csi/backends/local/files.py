@@ -16,6 +16,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import NamedTuple
 
@@ -281,8 +282,8 @@ def space(directory: str) -> Space:
 def can_reflink(directory: str) -> bool:
     """Whether files in `directory` can share blocks (FICLONE): tried on two scratch files there, which
     are removed again (start-up reconciliation removes any a crash leaves)."""
-    src = os.path.join(directory, f"{PROBE_PREFIX}{os.getpid()}-a")
-    dst = os.path.join(directory, f"{PROBE_PREFIX}{os.getpid()}-b")
+    probe = os.path.join(directory, f"{PROBE_PREFIX}{os.getpid()}-{threading.get_ident()}")
+    src, dst = probe + "-a", probe + "-b"  # per thread: concurrent probes never remove each other's
     try:
         src_fd = os.open(src, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
