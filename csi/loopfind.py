@@ -140,7 +140,10 @@ def devices_of(backing_file: str) -> list[str]:
 def file_devices(path: str) -> list[str]:
     """Loop devices bound to the file at `path` ([] for anything else there); missing ->
     FileNotFoundError."""
-    fd = open_file(path)
+    try:
+        fd = open_file(path)
+    except PermissionError:  # not readable here: the scan alone tells
+        return devices_for(os.stat(path))
     if fd is None:
         return []
     try:

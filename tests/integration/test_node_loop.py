@@ -202,6 +202,18 @@ def test_an_open_while_the_lease_is_held_waits_and_the_asker_lives_on(backing: s
         asker.wait()
 
 
+def test_a_file_this_process_cannot_read_is_still_found(
+    backing: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    device = loop.attach(backing)
+
+    def refused(path: str, flags: int = os.O_RDONLY) -> int | None:
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
+
+    monkeypatch.setattr(loopfind, "open_file", refused)
+    assert loop.devices_of(backing) == [device] and not loop.unheld(backing)
+
+
 def test_a_file_open_elsewhere_is_held(backing: str, tmp_path: Path) -> None:
     with open(backing, "rb"):
         assert not loop.unheld(backing)
