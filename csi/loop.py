@@ -4,8 +4,9 @@ Contracts:
 - `attach(file)` returns the /dev/loopN already backed by `file` (same st_dev/st_ino), or binds a free
   one (LOOP_CTL_GET_FREE + LOOP_CONFIGURE; autoclear off, direct I/O off, partition scan on). Idempotent.
 - `detach_file(file)` unbinds every loop device backed by `file` or, when the path holds no file any
-  more, every one bound to the file since unlinked from it. Idempotent: none -> no-op. A device still
-  open elsewhere (mounted) is unbound by the kernel when its last user closes it.
+  more, every one bound to the file since unlinked from it; `detach(dev, file)` unbinds `dev` if it
+  maps `file`. Idempotent: none -> no-op. A device still open elsewhere (mounted) is unbound by the
+  kernel when its last user closes it.
 - `device_size(dev)` / `refresh_capacity(dev)` read or resize one device (`device_size` is
   csi.devices', offered here so the local backend needs this one module).
 - Finding devices (`bound`, `devices_of`, `backed_by`, `maps`, `backing_file`, ...) is csi.loopfind's,
@@ -73,6 +74,7 @@ __all__ = [
     "bound",
     "bound_devices",
     "bound_files",
+    "detach",
     "detach_file",
     "device_size",
     "devices_for",
@@ -239,6 +241,15 @@ def detach_file(backing_file: str) -> None:
             return
         for device in held:
             _detach_device(device)
+
+
+def detach(device: str, backing_file: str) -> bool:
+    """Unbind `device` if it maps `backing_file` (the same inode); True when it did. Idempotent."""
+    with _lock:
+        if not maps(device, backing_file):
+            return False
+        _detach_device(device)
+        return True
 
 
 def _detach_device(device: str, name: str | None = None) -> None:

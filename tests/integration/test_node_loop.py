@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from csi import devices, loop, loopfind
+from csi.backends.local.devices import LoopDevices
 from csi.failures import NotFoundError
 from csi.mount import Mounter
 from tests.conftest import REPO, require_root
@@ -143,6 +144,59 @@ def test_a_file_nobody_holds_needs_no_scan(backing: str, monkeypatch: pytest.Mon
         scans.setattr(loopfind, "bound_devices", _no_scan)
         assert loop.unheld(backing)
         loop.detach_file(backing)
+
+
+def test_the_backends_device_is_proved_again_not_searched_for(
+    backing: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The local backend remembers the device it proved for a file: later lookups and the release prove
+    it again with one ioctl instead of scanning every loop device on the node."""
+    devices = LoopDevices()
+    size = os.stat(backing).st_size
+    first = devices.resolve("v", backing, size, {})
+    with monkeypatch.context() as scans:
+        scans.setattr(loopfind, "bound_devices", _no_scan)
+        assert devices.resolve("v", backing, size, {}) == first == devices.prepared("v", backing, size)
+        devices.release(backing)
+        assert loop.backing_file(first) != backing and devices.prepared("v", backing, size) is None
+
+
+def test_a_remembered_device_that_moved_on_is_not_trusted(backing: str, tmp_path: Path) -> None:
+    """Rebound to another file behind the backend's back, the remembered device is forgotten: the
+    lookup finds the file's own device, and the release leaves the other file's device alone."""
+    devices = LoopDevices()
+    size = os.stat(backing).st_size
+    first = devices.resolve("v", backing, size, {})
+    other = tmp_path / "other.img"
+    other.write_bytes(b"\0" * MiB)
+    loop.detach_file(backing)
+    fd = os.open(other, os.O_RDWR)
+    try:
+        assert loop._configure(first, fd, 0, str(other)), f"{first} serves another file now"
+    finally:
+        os.close(fd)
+    try:
+        second = loop.attach(backing)
+        assert second != first and devices.prepared("v", backing, size) == second
+        devices.release(backing)
+        assert loop.devices_for(os.stat(backing)) == []
+        assert loop.backing_file(first) == str(other), "the other file's device stays"
+    finally:
+        loop.detach_file(str(other))
+
+
+def test_a_release_detaches_every_device_over_the_file(backing: str) -> None:
+    devices = LoopDevices()
+    first = devices.resolve("v", backing, os.stat(backing).st_size, {})
+    extra = subprocess.run(
+        ["losetup", "--find", "--show", backing], capture_output=True, text=True, check=True
+    ).stdout.strip()  # a second device over the same file, bound by someone else
+    try:
+        devices.release(backing)
+        assert loop.devices_for(os.stat(backing)) == [], f"{first} and {extra} both released"
+    finally:
+        if loop.maps(extra, backing):
+            subprocess.run(["losetup", "-d", extra], check=False)
 
 
 @pytest.mark.parametrize(

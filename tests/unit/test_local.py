@@ -55,6 +55,9 @@ class FakeLoop:
         for dev in [d for d, p in self.devices.items() if p == backing_file]:
             del self.devices[dev]
 
+    def detach(self, device: str, backing_file: str) -> bool:
+        return self.devices.pop(device) is not None if self.maps(device, backing_file) else False
+
     def backing_file(self, device: str) -> str | None:
         return self.lie or self.devices.get(device)
 

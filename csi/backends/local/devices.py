@@ -2,10 +2,12 @@
 
 `resolve` attaches (or reuses) a loop device, refreshes its size when the file grew, and proves the
 device maps that file (the same inode) before returning it; `prepared` does the same for a device
-already bound, binding nothing; `release` detaches every loop device over the file. `users` names the
-devices bound over the file's path, or over a file unlinked from it while bound (a volume deleted while
-staged); reading sysfs, it needs no privilege. The loop module is injectable (csi.loop by default,
-imported on first use) so unit tests need no root.
+already bound, binding nothing; `release` detaches every loop device over the file. The device last
+proved for a file is remembered and proved again (one ioctl) before it is used, so these need no scan of
+every loop device on the node, which grows with the node's volumes and runs for each stats call. `users`
+names the devices bound over the file's path, or over a file unlinked from it while bound (a volume
+deleted while staged); reading sysfs, it needs no privilege. The loop module is injectable (csi.loop by
+default, imported on first use) so unit tests need no root.
 """
 
 from __future__ import annotations
@@ -23,6 +25,15 @@ from csi.failures import FailedPreconditionError
 class LoopDevices:
     def __init__(self, loop: ModuleType | Any = None) -> None:
         self._loop = loop
+        self._known: dict[str, str] = {}  # backing file -> the device last proved to map it
+
+    def _remembered(self, loop: Any, path: str) -> str | None:
+        """The device remembered for `path` while it still maps the file there, else None (forgotten)."""
+        device = self._known.get(path)
+        if device is not None and loop.maps(device, path):
+            return device
+        self._known.pop(path, None)
+        return None
 
     def _module(self) -> Any:
         if self._loop is None:
@@ -41,13 +52,14 @@ class LoopDevices:
         if files.size_of(path) is None:
             raise FailedPreconditionError(f"the backing file of {volume_id} is missing")
         loop = self._module()
-        return self._verified(loop, volume_id, loop.attach(path), path, size)
+        device = self._remembered(loop, path) or loop.attach(path)
+        return self._verified(loop, volume_id, device, path, size)
 
     def prepared(self, volume_id: str, path: str, size: int) -> str | None:
         """The loop device already bound over `path` (refreshed to `size`, verified), or None. Binds
         nothing."""
         loop = self._module()
-        device: str | None = loop.bound(path)
+        device: str | None = self._remembered(loop, path) or loop.bound(path)
         if device is None:
             return None
         return self._verified(loop, volume_id, device, path, size)
@@ -58,6 +70,7 @@ class LoopDevices:
         if not loop.maps(device, path):
             backing = loop.backing_file(device)
             raise FailedPreconditionError(f"loop device {device} maps {backing!r}, not volume {volume_id}")
+        self._known[path] = device
         return device
 
     def users(self, path: str) -> list[str]:
@@ -68,5 +81,10 @@ class LoopDevices:
         return [] if loop.unheld(path) else list(loop.backed_by(path, unlinked=True))
 
     def release(self, path: str) -> None:
-        """Detach every loop device over `path`, or over a file since unlinked from it. Idempotent."""
-        self._module().detach_file(path)
+        """Detach every loop device over `path`, or over a file since unlinked from it. Idempotent. The
+        remembered device goes first; when that leaves the file unheld no other device is over it."""
+        loop = self._module()
+        device = self._known.pop(path, None)
+        if device is not None and loop.detach(device, path) and loop.unheld(path):
+            return None
+        loop.detach_file(path)
