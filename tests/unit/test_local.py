@@ -56,7 +56,10 @@ class FakeLoop:
             del self.devices[dev]
 
     def detach(self, device: str, backing_file: str) -> bool:
-        return self.devices.pop(device) is not None if self.maps(device, backing_file) else False
+        if not self.maps(device, backing_file):
+            return False
+        del self.devices[device]
+        return True
 
     def backing_file(self, device: str) -> str | None:
         return self.lie or self.devices.get(device)

@@ -52,25 +52,33 @@ class LoopDevices:
         if files.size_of(path) is None:
             raise FailedPreconditionError(f"the backing file of {volume_id} is missing")
         loop = self._module()
-        device = self._remembered(loop, path) or loop.attach(path)
-        return self._verified(loop, volume_id, device, path, size)
+        device = self._remembered(loop, path) or self._proved(loop, volume_id, loop.attach(path), path)
+        return self._sized(loop, device, size)
 
     def prepared(self, volume_id: str, path: str, size: int) -> str | None:
         """The loop device already bound over `path` (refreshed to `size`, verified), or None. Binds
         nothing."""
         loop = self._module()
-        device: str | None = self._remembered(loop, path) or loop.bound(path)
+        device = self._remembered(loop, path)
         if device is None:
-            return None
-        return self._verified(loop, volume_id, device, path, size)
+            found: str | None = loop.bound(path)
+            if found is None:
+                return None
+            device = self._proved(loop, volume_id, found, path)
+        return self._sized(loop, device, size)
 
-    def _verified(self, loop: Any, volume_id: str, device: str, path: str, size: int) -> str:
-        if loop.device_size(device) < size:
-            loop.refresh_capacity(device)
+    def _proved(self, loop: Any, volume_id: str, device: str, path: str) -> str:
+        """`device`, remembered for `path` once it is shown to map the file there."""
         if not loop.maps(device, path):
             backing = loop.backing_file(device)
             raise FailedPreconditionError(f"loop device {device} maps {backing!r}, not volume {volume_id}")
         self._known[path] = device
+        return device
+
+    @staticmethod
+    def _sized(loop: Any, device: str, size: int) -> str:
+        if loop.device_size(device) < size:
+            loop.refresh_capacity(device)
         return device
 
     def users(self, path: str) -> list[str]:
