@@ -186,9 +186,12 @@ def bound(backing_file: str) -> str | None:
 def backed_by(path: str, *, unlinked: bool = False) -> list[str]:
     """Bound loop devices whose backing file, as sysfs names it, is `path`; with `unlinked`, also those
     whose file has since been unlinked from `path`. Needs no privilege (it opens no device), so a
-    non-root process can tell whether a file is in use through a loop device."""
+    non-root process can tell whether a file is in use through a loop device. A device named `path`
+    holds the file there open, so an unheld file answers [] without the scan (not so for `unlinked`)."""
     real = os.path.realpath(path)
-    return named(real, real + UNLINKED) if unlinked else named(real)
+    if unlinked:
+        return named(real, real + UNLINKED)
+    return [] if unheld(real) else named(real)
 
 
 def named(*names: str) -> list[str]:

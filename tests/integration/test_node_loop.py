@@ -136,6 +136,7 @@ def test_a_file_nobody_holds_needs_no_scan(backing: str, monkeypatch: pytest.Mon
     with monkeypatch.context() as scans:
         scans.setattr(loopfind, "bound_devices", _no_scan)
         assert loop.unheld(backing) and loop.devices_of(backing) == [] and loop.bound(backing) is None
+        assert loop.backed_by(backing) == []
         device = loop.attach(backing)
     assert not loop.unheld(backing), "a bound device holds its file"
     assert loop.attach(backing) == device == loop.bound(backing), "found by the scan"

@@ -182,7 +182,7 @@ def _orphan(layout: Layout, entry: os.DirEntry[str]) -> None:
     if not entry.is_file(follow_symlinks=False):
         return
     path, db = entry.path, layout.state_db
-    held = [] if loop.unheld(path) else loop.backed_by(path)
+    held = loop.backed_by(path)
     if held:  # staged on this host: moving it would hide it from the unstage that releases it
         log.warning("kept %s in place: %s has no record of it, but %s is bound to it; unstage it on the "
                     "node, then see docs/recovery.md", path, db, held[0])  # fmt: skip
