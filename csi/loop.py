@@ -37,16 +37,13 @@ from csi.loopfind import (
     backed_under,
     backing_file,
     bound,
-    bound_devices,
     bound_files,
-    devices_for,
     devices_of,
     file_devices,
     holders,
     maps,
     named,
     open_file,
-    status,
     unheld,
 )
 
@@ -66,22 +63,18 @@ LOOP_CONTROL = "/dev/loop-control"
 _CONFIGURE_RETRIES = 16
 
 __all__ = [
-    "UNLINKED",
     "attach",
     "backed_by",
     "backed_under",
     "backing_file",
     "bound",
-    "bound_devices",
     "bound_files",
     "detach",
     "detach_file",
     "device_size",
-    "devices_for",
     "devices_of",
     "maps",
     "refresh_capacity",
-    "status",
     "unheld",
 ]
 

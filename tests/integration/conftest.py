@@ -19,7 +19,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from csi import freeze, loop
+from csi import freeze, loop, loopfind
 from csi._proto import csi_pb2
 from csi.backends.base import DiskOptions
 from csi.config import parse_args
@@ -176,7 +176,7 @@ def leftovers(tmp: Path, data_dir: Path) -> tuple[list[str], list[str]]:
     """Mount points under `tmp` and loop devices over files in `data_dir`."""
     mounts = [m.mount_point for m in Mounter().mounts() if m.mount_point.startswith(str(tmp) + "/")]
     loops = []
-    for dev in loop.bound_devices():
+    for dev in loopfind.bound_devices():
         backing = loop.backing_file(dev) or ""
         if backing.startswith(str(data_dir) + "/"):
             loops.append(dev)

@@ -8,7 +8,7 @@ from typing import Any
 import grpc
 import pytest
 
-from csi import loop
+from csi import loopfind
 from csi._proto import csi_pb2
 from tests.csiclient import assert_code
 from tests.integration.conftest import NodeEnv, block_cap, leftovers, mount_cap
@@ -66,6 +66,6 @@ def test_hostile_requests_are_rejected_without_side_effects(node_env: NodeEnv, s
         assert_code(node_env.client.node.NodePublishVolume, publish, grpc.StatusCode.INVALID_ARGUMENT)
     mounts, loops = leftovers(node_env.tmp, node_env.data_dir)
     assert mounts == [] and loops == []
-    assert loop.devices_for(os.stat(vol.file)) == []
+    assert loopfind.devices_for(os.stat(vol.file)) == []
     assert sorted(str(p) for p in node_env.kubelet.rglob("*")) == before
     assert not os.path.exists("/etc/ballast-staging") and not os.path.exists("/tmp/ballast-target")

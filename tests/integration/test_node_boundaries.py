@@ -12,7 +12,7 @@ import os
 import grpc
 import pytest
 
-from csi import loop
+from csi import loop, loopfind
 from csi._proto import csi_pb2
 from csi.mount import Mounter
 from tests.csiclient import assert_code
@@ -28,7 +28,7 @@ def _mounted(path: str) -> bool:
 
 
 def _loops(vol: Volume) -> list[str]:
-    return loop.devices_for(os.stat(vol.file))
+    return loopfind.devices_for(os.stat(vol.file))
 
 
 def _write(path: str) -> None:
@@ -102,7 +102,7 @@ def test_unstage_leaves_a_staging_that_is_not_the_requests_alone(node_env: NodeE
     )  # spec: not staged at that path -> OK
     assert _mounted(staged.staging), "the staged volume is still mounted"
     (device,) = _loops(staged)
-    status = loop.status(device)
+    status = loopfind.status(device)
     assert status is not None and not status.lo_flags & loop.LO_FLAGS_AUTOCLEAR, (
         "its loop device is still attached, and not set to detach once unmounted"
     )

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from csi import demo, loop
+from csi import demo, loop, loopfind
 from csi.demo import run_demo
 from csi.mount import Mounter
 from tests.conftest import require_root, require_tool
@@ -32,7 +32,7 @@ STEPS = (
 
 
 def _loops_over(directory: Path) -> list[str]:
-    return [d for d in loop.bound_devices() if (loop.backing_file(d) or "").startswith(str(directory))]
+    return [d for d in loopfind.bound_devices() if (loop.backing_file(d) or "").startswith(str(directory))]
 
 
 def test_demo_runs_every_step_and_cleans_up(tmp_path: Path) -> None:

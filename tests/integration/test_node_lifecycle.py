@@ -10,7 +10,7 @@ import struct
 import grpc
 import pytest
 
-from csi import loop
+from csi import loopfind
 from csi._proto import csi_pb2
 from csi.devices import device_readonly as mount_readonly
 from csi.mount import Mounter
@@ -83,7 +83,7 @@ def test_mount_lifecycle_is_idempotent_at_every_step(node_env: NodeEnv, fs_type:
     node_env.unstage(vol)
     assert not _mounted(vol.staging)
     node_env.unstage(vol)  # not staged -> OK
-    assert not loop.devices_for(os.stat(vol.file)), "unstage releases the loop device"
+    assert not loopfind.devices_for(os.stat(vol.file)), "unstage releases the loop device"
 
 
 def test_block_volume_is_a_device_node_at_the_target(node_env: NodeEnv) -> None:
@@ -94,7 +94,7 @@ def test_block_volume_is_a_device_node_at_the_target(node_env: NodeEnv) -> None:
     node_env.publish(vol, cap)
     st = os.stat(vol.target)
     assert stat.S_ISBLK(st.st_mode)
-    (device,) = loop.devices_for(os.stat(vol.file))
+    (device,) = loopfind.devices_for(os.stat(vol.file))
     assert st.st_rdev == os.stat(device).st_rdev
     fd = os.open(vol.target, os.O_WRONLY)
     try:
@@ -389,7 +389,7 @@ def test_readonly_block_publish_refuses_writes_until_unpublished(node_env: NodeE
     with pytest.raises(OSError) as err:
         _write_block(vol.target)
     assert err.value.errno in (errno.EROFS, errno.EACCES, errno.EPERM)
-    (device,) = loop.devices_for(os.stat(vol.file))
+    (device,) = loopfind.devices_for(os.stat(vol.file))
     writer = str(node_env.kubelet / "pods" / "writer" / "dev")
     node_env.publish(vol, cap, target=writer)  # a writable publish beside it makes the device writable
     _write_block(writer)
@@ -411,7 +411,7 @@ def test_missing_partition_is_failed_precondition_and_releases_the_device(node_e
     assert_code(
         node_env.client.node.NodeStageVolume, request, grpc.StatusCode.FAILED_PRECONDITION, contains="3"
     )
-    assert loop.devices_for(os.stat(vol.file)) == [], "a failed stage leaves no loop device behind"
+    assert loopfind.devices_for(os.stat(vol.file)) == [], "a failed stage leaves no loop device behind"
     assert not _mounted(vol.staging)
 
 
@@ -432,7 +432,7 @@ def test_storage_class_fs_type_and_mkfs_options_reach_mkfs(node_env: NodeEnv) ->
     node_env.stage(vol, cap, context=dict(created.volume_context))
     info = Mounter().mount_at(vol.staging)
     assert info is not None and info.fs_type == "xfs"
-    (device,) = loop.devices_for(os.stat(node_env.data_dir / "volumes" / f"{vol.id}.img"))
+    (device,) = loopfind.devices_for(os.stat(node_env.data_dir / "volumes" / f"{vol.id}.img"))
     with open(device, "rb") as fh:
         superblock = fh.read(512)
     assert struct.unpack_from(">H", superblock, 104)[0] == 1024, "sb_inodesize is the StorageClass value"

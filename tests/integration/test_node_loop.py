@@ -32,7 +32,7 @@ def backing(tmp_path: Path) -> Iterator[str]:
         fh.truncate(32 * MiB)
     yield str(path)
     loop.detach_file(str(path))
-    assert loop.devices_for(os.stat(path)) == [], "loop device leaked"
+    assert loopfind.devices_for(os.stat(path)) == [], "loop device leaked"
 
 
 def test_attach_reuses_the_device_bound_to_the_file(backing: str) -> None:
@@ -115,7 +115,7 @@ def test_a_file_unlinked_while_bound_is_found_and_detached_by_the_path_it_had(ba
     device = loop.attach(backing)
     os.unlink(backing)
     try:
-        assert loop.backing_file(device) == backing + loop.UNLINKED
+        assert loop.backing_file(device) == backing + loopfind.UNLINKED
         assert loop.backed_by(backing) == [] and loop.backed_by(backing, unlinked=True) == [device]
         loop.detach_file(backing)
         assert loop.backed_by(backing, unlinked=True) == [], "detached"
@@ -180,7 +180,7 @@ def test_a_remembered_device_that_moved_on_is_not_trusted(backing: str, tmp_path
         second = loop.attach(backing)
         assert second != first and devices.prepared("v", backing, size) == second
         devices.release(backing)
-        assert loop.devices_for(os.stat(backing)) == []
+        assert loopfind.devices_for(os.stat(backing)) == []
         assert loop.backing_file(first) == str(other), "the other file's device stays"
     finally:
         loop.detach_file(str(other))
@@ -194,7 +194,7 @@ def test_a_release_detaches_every_device_over_the_file(backing: str) -> None:
     ).stdout.strip()  # a second device over the same file, bound by someone else
     try:
         devices.release(backing)
-        assert loop.devices_for(os.stat(backing)) == [], f"{first} and {extra} both released"
+        assert loopfind.devices_for(os.stat(backing)) == [], f"{first} and {extra} both released"
     finally:
         if loop.maps(extra, backing):
             subprocess.run(["losetup", "-d", extra], check=False)
@@ -286,7 +286,7 @@ def test_attach_of_a_missing_file_is_not_found(tmp_path: Path) -> None:
 
 
 def test_autoclear_and_direct_io_are_off(backing: str) -> None:
-    info = loop.status(loop.attach(backing))
+    info = loopfind.status(loop.attach(backing))
     assert info is not None
     assert not info.lo_flags & loop.LO_FLAGS_AUTOCLEAR
     assert not info.lo_flags & loop.LO_FLAGS_DIRECT_IO
@@ -313,4 +313,4 @@ def test_losetup_does_the_work_when_the_ioctls_are_missing(
     loop.refresh_capacity(device)
     assert loop.device_size(device) == 48 * MiB
     loop.detach_file(backing)
-    assert loop.devices_for(os.stat(backing)) == []
+    assert loopfind.devices_for(os.stat(backing)) == []

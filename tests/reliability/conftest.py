@@ -21,7 +21,7 @@ from typing import Any
 import grpc
 import pytest
 
-from csi import loop
+from csi import loop, loopfind
 from csi._proto import csi_pb2
 from csi.mount import Mounter
 from tests.conformance.driver import Driver, start_driver
@@ -131,7 +131,7 @@ def assert_consistent(data_dir: Path) -> DiskState:
 
 def loops_over(directory: Path) -> list[str]:
     out = []
-    for dev in loop.bound_devices():
+    for dev in loopfind.bound_devices():
         backing = loop.backing_file(dev) or ""
         if backing.startswith(str(directory) + "/"):
             out.append(dev)

@@ -26,7 +26,7 @@ from google.protobuf.message import Message
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from csi import loop
+from csi import loop, loopfind
 from csi._proto import csi_pb2
 from csi.mount import Mounter
 from tests.conftest import require_root, require_tool
@@ -104,7 +104,7 @@ def host_state(f: Fuzzed) -> dict[str, Any]:
     )
     loops = sorted(
         (dev, backing)
-        for dev in loop.bound_devices()
+        for dev in loopfind.bound_devices()
         if (backing := loop.backing_file(dev) or "").startswith(scope)
     )
     data = f.env.data_dir
@@ -117,7 +117,7 @@ def host_state(f: Fuzzed) -> dict[str, Any]:
 def global_mounts_and_loops() -> tuple[set[str], set[str]]:
     """Every mount point and every loop device's backing file on the machine."""
     mounts = {m.mount_point for m in Mounter().mounts()}
-    return mounts, {loop.backing_file(d) or "" for d in loop.bound_devices()}
+    return mounts, {loop.backing_file(d) or "" for d in loopfind.bound_devices()}
 
 
 def take_down(f: Fuzzed) -> None:
@@ -619,7 +619,7 @@ def test_node_id_and_publish_context_cannot_redirect_to_another_file(fuzzed: Fuz
     except grpc.RpcError as err:
         assert err.code() == grpc.StatusCode.FAILED_PRECONDITION, err.details()
     assert not any(
-        loop.backing_file(d) == str(fuzzed.sentinel / "etc" / "passwd") for d in loop.bound_devices()
+        loop.backing_file(d) == str(fuzzed.sentinel / "etc" / "passwd") for d in loopfind.bound_devices()
     )
     assert NODE_ID
 
