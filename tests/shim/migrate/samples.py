@@ -1,4 +1,4 @@
-"""Sample in-tree PVs (pvs.yaml, one per plugin) for the migration unit and e2e tests."""
+"""Sample in-tree PVs (pvs.yaml, one per plugin) and a sample journal for the migration unit and e2e tests."""
 
 from __future__ import annotations
 
@@ -7,6 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from shim.migrate.journal import Journal
+from shim.migrate.objects import ClaimRef
 
 PVS_FILE = Path(__file__).with_name("pvs.yaml")
 Obj = dict[str, Any]
@@ -46,3 +49,21 @@ def sample_pv(plugin: str, name: str | None = None, claim: tuple[str, str, str] 
         }
         pv["spec"]["claimRef"] = {**ref, **({"uid": uid} if uid else {})}
     return pv
+
+
+def sample_journal(was_bound: bool = True) -> Journal:
+    """A convert journal of pv-1 at its first step, bound to claim ns/data unless `was_bound` is False."""
+    return Journal(
+        id="j-1",
+        direction="convert",
+        pv="pv-1",
+        plugin="kubernetes.io/aws-ebs",
+        source_uid="u-1",
+        policy="Delete",
+        was_bound=was_bound,
+        claim=ClaimRef("ns", "data", "c-1") if was_bound else None,
+        source={"spec": {}},
+        target={"metadata": {"name": "pv-1"}, "spec": {}},
+        started_by="a_0.1.0",
+        started_at="2026-01-01T00:00:00Z",
+    )

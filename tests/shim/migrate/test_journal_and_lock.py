@@ -9,23 +9,7 @@ import pytest
 from shim.migrate.journal import FORMAT, STEPS, Journal, JournalError
 from shim.migrate.lock import MAX_NAME, Observations, lease_name
 from shim.migrate.objects import ClaimRef
-
-
-def journal(was_bound: bool = True) -> Journal:
-    return Journal(
-        id="j-1",
-        direction="convert",
-        pv="pv-1",
-        plugin="kubernetes.io/aws-ebs",
-        source_uid="u-1",
-        policy="Delete",
-        was_bound=was_bound,
-        claim=ClaimRef("ns", "data", "c-1") if was_bound else None,
-        source={"spec": {}},
-        target={"metadata": {"name": "pv-1"}, "spec": {}},
-        started_by="a_0.1.0",
-        started_at="2026-01-01T00:00:00Z",
-    )
+from tests.shim.migrate.samples import sample_journal as journal
 
 
 @pytest.mark.parametrize(

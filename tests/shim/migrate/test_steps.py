@@ -19,8 +19,7 @@ from shim.migrate.metrics import Metrics
 from shim.migrate.objects import record_of
 from shim.migrate.usage import LiveClaims, UsageFrom
 from tests.shim.fake_kube_api import FakeKubeAPI
-from tests.shim.migrate.samples import Obj, sample_pv
-from tests.shim.migrate.test_journal_and_lock import journal as sample_journal
+from tests.shim.migrate.samples import Obj, sample_journal, sample_pv
 
 PVS = "/api/v1/persistentvolumes"
 PODS = "/api/v1/namespaces/ns/pods"
@@ -41,7 +40,7 @@ def bound_pv(deleting: bool, finalizers: tuple[str, ...] = (PROTECTION,)) -> Obj
 
 
 def journal(pv: Obj, step: str) -> Journal:
-    """The shared sample journal (test_journal_and_lock), at `step`, recording `pv` as its source."""
+    """The shared sample journal, at `step`, recording `pv` as its source."""
     source = record_of(pv)
     source["spec"]["persistentVolumeReclaimPolicy"] = "Delete"
     return dataclasses.replace(sample_journal(), source=source, step=step)
