@@ -261,6 +261,11 @@ class Engine:
             return Outcome(name, direction or "", BUSY, str(exc))
         except ApiError as exc:
             outcome = Outcome(name, direction or "", FAILED, f"API error: {exc}", lasting=exc.lasting)
+        except Exception:  # a bug: give the lock up (a journal stays, holderless) so others need not wait
+            with self._held_lock:
+                self._held.pop(name, None)
+            self._release(lock)
+            raise
         with self._held_lock:
             if outcome.result == PENDING:
                 self._held[name] = lock

@@ -172,6 +172,14 @@ class FakeKubeAPI:
             items.remove(patched)
         return 200, patched
 
+    def _replace(self, items: list[Obj], obj: Obj, body: Obj) -> Answer:
+        """An update: refused (409) unless it names the stored resourceVersion, as the API server does."""
+        if body.get("metadata", {}).get("resourceVersion") != obj["metadata"].get("resourceVersion"):
+            return 409, _status(409, "Conflict", "the object has been modified")
+        body["metadata"]["uid"] = obj["metadata"].get("uid")
+        items[items.index(obj)] = self._written(body)
+        return 200, body
+
     def _delete(self, items: list[Obj], obj: Obj, options: Obj) -> Answer:
         uid = (options.get("preconditions") or {}).get("uid")
         if uid and uid != obj["metadata"].get("uid"):
@@ -201,6 +209,8 @@ class FakeKubeAPI:
             return self._patch(items, obj, body)
         if method == "DELETE":
             return self._delete(items, obj, body)
+        if method == "PUT":
+            return self._replace(items, obj, body)
         return 200, obj
 
     def _handler_class(self) -> type[BaseHTTPRequestHandler]:
@@ -255,6 +265,9 @@ class FakeKubeAPI:
 
             def do_PATCH(self) -> None:
                 self._serve("PATCH")
+
+            def do_PUT(self) -> None:
+                self._serve("PUT")
 
             def do_DELETE(self) -> None:
                 self._serve("DELETE")

@@ -13,8 +13,9 @@ import pytest
 
 from shim.cli import main
 from shim.migrate import oneshot
-from shim.migrate.engine import DONE, FAILED, Outcome
+from shim.migrate.engine import DONE, FAILED, Engine, Outcome
 from shim.migrate.kube import ApiError
+from shim.migrate.lock import has_journal
 from shim.migrate.oneshot import ClusterError, Runner
 from tests.shim.fake_kube_api import FakeKubeAPI, recorded_lists
 
@@ -148,6 +149,39 @@ def test_a_pv_whose_run_raises_or_gets_no_result_is_failed_and_the_others_go_on(
     assert [r.getMessage() for r in caplog.records] == ["PV b: convert failed: KeyError('spec')"]
     assert not caplog.records[0].exc_info, "no traceback unless debug logging is on"
     assert engine.released
+
+
+@pytest.mark.parametrize("where", ["_start", "_drive"], ids=["before-journal", "with-journal"])
+def test_an_unexpected_error_under_a_pv_lock_gives_the_lock_up(
+    where: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug while the lock is held fails that PV and gives the lock up at once (a journal already
+    written stays in the Lease, holderless, for any actor to finish), instead of holding it until the
+    Lease expires."""
+
+    def broken(*args: Any) -> Any:
+        raise KeyError("spec")
+
+    monkeypatch.setattr(Engine, where, broken)
+    claim = {
+        "metadata": {"name": "data-db-0", "namespace": "shop", "uid": "9c0d-1"},
+        "spec": {"volumeName": IN_TREE_PV},
+        "status": {"phase": "Bound"},
+    }
+    lists = {**cluster_lists(), "/api/v1/namespaces/shop/persistentvolumeclaims": {"items": [claim]}}
+    argv = ["apply", "--pv", IN_TREE_PV, "--timeout", "1s", "-o", "json"]
+    with FakeKubeAPI(lists) as api:
+        kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+        code = main([*argv, "--kubeconfig", str(kubeconfig), "--namespace", NS])
+        leases = api.lists[LEASES]["items"]
+    (volume,) = json.loads(capsys.readouterr().out)["volumes"]
+    assert (code, volume["result"]) == (1, FAILED)
+    if where == "_start":
+        assert leases == []
+    else:
+        (lease,) = leases
+        assert not lease["spec"].get("holderIdentity")
+        assert has_journal(lease)
 
 
 class RefusingEngine:
