@@ -56,6 +56,18 @@ class Driver:
             self.proc.kill()
             self.proc.wait(10)
 
+    def files(self, kind: str, timeout: float = 10) -> list[str]:
+        """The sorted names in the data dir's `kind` directory ("volumes", "snapshots") once the driver
+        has removed the files of the deletes it answered: it removes them in the background, under
+        their set-aside name (`.deleting`, csi/backends/local/reaper.py)."""
+        directory = self.data_dir / kind
+        deadline = time.monotonic() + timeout
+        while True:
+            names = sorted(os.listdir(directory))
+            if not any(n.endswith(".deleting") for n in names) or time.monotonic() >= deadline:
+                return names
+            time.sleep(0.01)
+
 
 def _wait_ready(driver: Driver, timeout: float) -> None:
     deadline = time.monotonic() + timeout

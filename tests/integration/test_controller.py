@@ -3,7 +3,6 @@ the local backend, and every check looks at both the gRPC answers and the files 
 
 from __future__ import annotations
 
-import os
 import tempfile
 from collections.abc import Iterator
 from concurrent import futures
@@ -130,8 +129,8 @@ def test_full_controller_journey(driver: Driver, client: CsiClient) -> None:
     c.DeleteSnapshot(csi_pb2.DeleteSnapshotRequest(snapshot_id=snap.snapshot_id))
     for v in (vol, restored, clone):
         c.DeleteVolume(csi_pb2.DeleteVolumeRequest(volume_id=v.volume_id))
-    assert os.listdir(driver.data_dir / "volumes") == []
-    assert os.listdir(driver.data_dir / "snapshots") == []
+    assert driver.files("volumes") == []
+    assert driver.files("snapshots") == []
 
 
 @pytest.mark.parametrize(
@@ -199,7 +198,7 @@ def test_error_codes_over_the_wire(
         call(request_, timeout=10)
     else:
         assert_code(call, request_, code)
-    assert os.listdir(driver.data_dir / "volumes") == []
+    assert driver.files("volumes") == []
     assert not (driver.data_dir.parent / "etc").exists()
 
 
@@ -214,7 +213,7 @@ def test_concurrent_duplicate_creates_make_one_volume(driver: Driver, client: Cs
     with futures.ThreadPoolExecutor(8) as pool:
         ids = {i for i in pool.map(attempt, range(32)) if i}
     assert len(ids) == 1
-    assert os.listdir(driver.data_dir / "volumes") == [f"{ids.pop()}.img"]
+    assert driver.files("volumes") == [f"{ids.pop()}.img"]
 
 
 HERE = csi_pb2.Topology(segments={"topology.kubernetes.io/zone": "local"})  # the driver's default zone
@@ -253,7 +252,7 @@ def test_a_repeated_create_returns_the_volume_only_where_the_requisite_allows(
         assert_code(client.controller.CreateVolume, fresh, Code.RESOURCE_EXHAUSTED)
     else:
         assert create(client, "v1", accessibility_requirements=requirements).volume_id == first.volume_id
-    assert os.listdir(driver.data_dir / "volumes") == [f"{first.volume_id}.img"]
+    assert driver.files("volumes") == [f"{first.volume_id}.img"]
 
 
 def test_state_survives_a_restart_and_a_vanished_file_is_inaccessible(workdir: Path) -> None:

@@ -20,6 +20,7 @@ from csi.backends import base
 from csi.backends.base import ContentSource, Disk, DiskOptions, SourceKind
 from csi.backends.local import LocalBackend, files, snapshots
 from csi.backends.local.health import Ledger
+from csi.backends.local.reaper import REAPER
 from csi.backends.local.state import StateFull, Store
 from csi.health import Status
 
@@ -100,8 +101,10 @@ def be(data: Path) -> Iterator[LocalBackend]:
     b.close()
 
 
-def volume_files(data: Path) -> list[str]:
-    return sorted(os.listdir(data / "volumes"))
+def volume_files(data: Path, kind: str = "volumes") -> list[str]:
+    """The files in `data`/`kind` once the deletes' files are removed (in the background, reaper.py)."""
+    REAPER.settle()
+    return sorted(os.listdir(data / kind))
 
 
 def write(path: str, offset: int, payload: bytes) -> None:
@@ -235,7 +238,7 @@ def test_malformed_ids_are_not_found_without_file_operations(data: Path, be: Loc
         with pytest.raises(failures.NotFoundError):
             call()
     assert volume_files(data) == []
-    assert os.listdir(data / "snapshots") == []
+    assert volume_files(data, "snapshots") == []
 
 
 def test_snapshot_is_point_in_time_and_restores_keep_holes(be: LocalBackend) -> None:
@@ -410,12 +413,12 @@ def test_group_snapshot_members_share_an_instant_and_delete_together(data: Path,
     with pytest.raises(failures.InvalidParameterError, match="group"):
         be.delete_snapshot(member.id)
     be.delete_group_snapshot(group.id)
-    assert os.listdir(data / "snapshots") == []
+    assert volume_files(data, "snapshots") == []
     with pytest.raises(failures.NotFoundError):
         be.get_group_snapshot(group.id)
     with pytest.raises(failures.NotFoundError):
         be.create_group_snapshot("g2", [vols[0].id, "lv-" + "0" * 32], {})
-    assert os.listdir(data / "snapshots") == []
+    assert volume_files(data, "snapshots") == []
 
 
 def _blank(path: Path) -> None:
@@ -541,7 +544,7 @@ def test_reconcile_removes_orphans_grows_torn_expands_and_flags_missing_files(da
     os.unlink(data / "volumes" / f"{gone.id}.img")
     be = open_backend(data)
     assert volume_files(data) == [f"{kept.id}.img"]
-    assert os.listdir(data / "snapshots") == []
+    assert volume_files(data, "snapshots") == []
     assert os.stat(be.volume_path(kept.id)).st_size == 2 * MiB
     assert be.volume_health(kept.id) == ()  # a torn expand lost nothing
     assert [(i.status, i.reason) for i in be.volume_health(gone.id)] == [
@@ -1038,4 +1041,4 @@ def test_a_snapshot_whose_record_cannot_be_written_leaves_no_file(
     monkeypatch.setattr(be.store, "insert_snapshots", full)
     with pytest.raises(StateFull):
         be.create_snapshot("s", vol.id, {})
-    assert os.listdir(data / "snapshots") == []
+    assert volume_files(data, "snapshots") == []

@@ -33,7 +33,7 @@ from csi.backends.base import (
     NodeIdentity,
     Page,
 )
-from csi.backends.local import contents, files, params, records, startup
+from csi.backends.local import contents, files, params, reaper, records, startup
 from csi.backends.local.cbt import BLOCK_SIZE, LocalBlocks
 from csi.backends.local.devices import LoopDevices
 from csi.backends.local.freeze_service import FreezeServer, RemoteQuiescer
@@ -205,6 +205,8 @@ class LocalBackend(LocalReporting, SnapshotOperations, Backend):
         return True
 
     def close(self) -> None:
+        """Stop serving; the deleted files still being removed are removed first (reaper.py)."""
+        reaper.REAPER.settle()
         if self._freeze_server is not None:
             self._freeze_server.close()
             self._freeze_server = None

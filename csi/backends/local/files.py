@@ -22,6 +22,7 @@ from typing import NamedTuple
 
 from csi.backends.local import ownership
 from csi.backends.local.groupcommit import sync_directory
+from csi.backends.local.reaper import REAPER
 from csi.failures import OutOfCapacityError, OutOfRangeError
 
 FICLONE = 0x40049409  # _IOW(0x94, 9, int)
@@ -132,7 +133,7 @@ def copy(
             length = os.fstat(src_fd).st_size
             shared = _reflink(src_fd, dst_fd)
             if not shared:
-                _room_for(src_fd, dst_fd, dst)
+                _room_for(src_fd, dst)
                 os.ftruncate(dst_fd, length)
                 with held():
                     _sparse_copy(src_fd, dst_fd, length)
@@ -154,13 +155,12 @@ def copy(
     return shared
 
 
-def _room_for(src_fd: int, dst_fd: int, dst: str) -> None:
+def _room_for(src_fd: int, dst: str) -> None:
     """A piece-by-piece copy writes every data block of the source: more of them than the free space ->
     OutOfCapacityError at once, so a copy that cannot finish never holds the source's writers. Free as
     for every capacity check here: what unprivileged writers may use (root's reserve is the host's)."""
     needed = os.fstat(src_fd).st_blocks * 512
-    st = os.fstatvfs(dst_fd)
-    _fits(needed, st.f_bavail * st.f_frsize, os.path.dirname(dst))
+    _fits(needed, space(os.path.dirname(dst), needed).free, os.path.dirname(dst))
 
 
 def check_room(sources: Sequence[str], directory: str) -> None:
@@ -171,7 +171,7 @@ def check_room(sources: Sequence[str], directory: str) -> None:
     for source in sources:
         with contextlib.suppress(FileNotFoundError):  # the copy itself says what is missing
             needed += os.stat(source).st_blocks * 512
-    free = space(directory).free
+    free = space(directory, needed).free
     if needed > free and not can_reflink(directory):
         _fits(needed, free, directory)
 
@@ -214,7 +214,8 @@ DOOMED = ".deleting"  # the name suffix of a file whose record a delete is remov
 @contextlib.contextmanager
 def doomed(paths: Sequence[str]) -> Iterator[None]:
     """Delete the files `paths` along with the records the block deletes: each is renamed
-    `<path>.deleting` first, named back when the block raises, and removed once it returns. After a
+    `<path>.deleting` first, named back when the block raises, and once it returns handed to the
+    background remover (reaper.py), so the caller does not wait for the blocks to be freed. After a
     crash, start-up reconciliation finishes what it finds: a `.deleting` file whose record is gone is
     removed, one whose record is still there gets its name back. So a crash between a delete's record
     and its file does not leave the deleted data behind as an orphan. The renames are not synced: after
@@ -230,8 +231,7 @@ def doomed(paths: Sequence[str]) -> Iterator[None]:
         for path in moved:
             os.rename(path + DOOMED, path)
         raise
-    for path in moved:
-        remove(path + DOOMED)
+    REAPER.put(path + DOOMED for path in moved)
 
 
 def move_no_replace(src: str, dst: str) -> None:
@@ -272,9 +272,12 @@ class Space(NamedTuple):
     free: int  # bytes still free to allocate
 
 
-def space(directory: str) -> Space:
-    """One statvfs of the filesystem holding `directory`."""
+def space(directory: str, need: int = 0) -> Space:
+    """The filesystem holding `directory`, by statvfs. Fewer than `need` bytes free while deleted files
+    are still being removed (reaper.py): read again once they are, so a delete's space counts."""
     st = os.statvfs(directory)
+    if st.f_bavail * st.f_frsize < need and REAPER.settle():
+        st = os.statvfs(directory)
     free = st.f_bavail * st.f_frsize
     return Space((st.f_blocks - st.f_bfree) * st.f_frsize + free, free)
 

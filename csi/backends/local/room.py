@@ -36,7 +36,7 @@ class Room:
         """The `added` bytes of a volume of `size` must fit in the free space now, or they could never
         all be written: more -> `short`; a volume larger than the whole filesystem -> OutOfRangeError (no
         retry can succeed)."""
-        space = files.space(self._directory)
+        space = files.space(self._directory, added)
         if size > space.size:
             raise OutOfRangeError(
                 f"{size} bytes requested, more than the filesystem holding {self._directory} holds"

@@ -1,0 +1,98 @@
+"""Deleted files are removed in the background (csi/backends/local/reaper.py): a delete answers without
+waiting for the filesystem to free the blocks, and a space check that comes up short waits for the
+removals in flight before it refuses."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator
+from concurrent import futures
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from csi.backends.base import DiskOptions, MiB
+from csi.backends.local import LocalBackend, files
+from csi.backends.local.reaper import REAPER, Reaper
+
+
+@pytest.fixture
+def be(tmp_path: Path) -> Iterator[LocalBackend]:
+    backend = LocalBackend.open(str(tmp_path / "data"), node_id="node-1")
+    yield backend
+    backend.close()
+
+
+class HeldUnlinks:
+    """os.unlink of set-aside files waits for `release()` (10 s at most); other unlinks go through."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.gate = threading.Event()
+        self.removed: list[str] = []
+        real = os.unlink
+
+        def unlink(path: Any, *args: Any, **kwargs: Any) -> None:
+            if str(path).endswith(files.DOOMED):
+                self.gate.wait(10)
+                self.removed.append(str(path))
+            real(path, *args, **kwargs)
+
+        monkeypatch.setattr(os, "unlink", unlink)
+
+    def release(self) -> None:
+        self.gate.set()
+        REAPER.settle()
+
+
+def test_a_delete_answers_before_its_file_is_removed(
+    be: LocalBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    vol = be.create_volume("v", DiskOptions(size_bytes=MiB))
+    path = be.volume_path(vol.id)
+    held = HeldUnlinks(monkeypatch)
+    be.delete_volume(vol.id)  # would wait for the gate (and then fail below) if it removed the file itself
+    assert held.removed == []
+    assert os.listdir(os.path.dirname(path)) == [os.path.basename(path) + files.DOOMED]
+    held.release()
+    assert held.removed == [path + files.DOOMED]
+    assert os.listdir(os.path.dirname(path)) == []
+
+
+def test_a_space_check_that_comes_up_short_waits_for_the_removals_in_flight(
+    be: LocalBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    vol = be.create_volume("v", DiskOptions(size_bytes=MiB))
+    directory = os.path.dirname(be.volume_path(vol.id))
+    held = HeldUnlinks(monkeypatch)
+    be.delete_volume(vol.id)
+    free = files.space(directory).free
+    assert files.space(directory, free).free == free, "enough free space: no wait"
+    assert held.removed == [], "the check waited for the removal although the space sufficed"
+    with futures.ThreadPoolExecutor(1) as pool:
+        short = pool.submit(files.space, directory, free + 1)
+        time.sleep(0.2)
+        assert not short.done(), "a check that came up short did not wait for the removal in flight"
+        held.gate.set()
+        short.result(timeout=10)
+    assert len(held.removed) == 1
+
+
+def test_a_removal_that_fails_is_logged_and_the_next_goes_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    reaper = Reaper()
+    stuck, gone = tmp_path / "a-directory", tmp_path / "a-file"
+    stuck.mkdir()
+    gone.write_bytes(b"x")
+    with caplog.at_level(logging.WARNING, logger="ballast.local"):
+        reaper.put([str(stuck), str(gone)])
+        assert reaper.settle()
+    assert stuck.is_dir() and not gone.exists()
+    assert [r.getMessage().split(":")[0] for r in caplog.records] == [
+        f"could not remove {stuck} (removed at the next start)"
+    ]
+    assert not reaper.settle(), "nothing in flight: settle() says so"
