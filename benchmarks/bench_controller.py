@@ -45,6 +45,7 @@ from benchmarks.common import (
     deployed_python,
     filesystem,
     load_average,
+    removed,
     start_driver,
     stop_driver,
     summary_ms,
@@ -89,8 +90,9 @@ class Server:
     """One server under measurement, with a pool of client channels reused by every phase (so no phase
     pays for connecting)."""
 
-    def __init__(self, name: str, pid: int, sock: Path) -> None:
+    def __init__(self, name: str, pid: int, sock: Path, volumes: Path | None = None) -> None:
         self.name, self.pid, self.sock = name, pid, sock
+        self.volumes = volumes  # the driver's: removes deleted files in the background
         self.channels = [grpc.insecure_channel(f"unix://{sock}") for _ in range(MAX_CONCURRENCY)]
         self.stubs = [csi_pb2_grpc.ControllerStub(c) for c in self.channels]
         for stub in self.stubs:
@@ -137,6 +139,8 @@ def cpu_round(server: Server, prefix: str, concurrency: int, count: int) -> dict
     latencies, _ = spread(concurrency, count, create)
     c1 = cpu_seconds(server.pid)
     spread(concurrency, count, delete)
+    if server.volumes:
+        removed(server.volumes)  # the deletes' files too: their CPU is the deletes'
     c2 = cpu_seconds(server.pid)
     return {
         "create_cpu_ms": (c1 - c0) / count * 1000,
@@ -158,6 +162,8 @@ def pairs_round(server: Server, prefix: str, concurrency: int, count: int) -> tu
         return time.perf_counter() - t
 
     _, wall = spread(concurrency, count, pair)
+    if server.volumes:
+        removed(server.volumes)  # not into the next round
     return count / wall, creates
 
 
@@ -362,7 +368,8 @@ def servers_running(work: Path, python: str, go: str | None, mode: str) -> Itera
             stack.callback(stop_driver, proc)
         for name, _, s in procs:
             wait_ready(s, ready=name == "ballast")
-        servers = [Server(name, proc.pid, s) for name, proc, s in procs]
+        volumes = {"ballast": work / "data" / "volumes"}
+        servers = [Server(name, proc.pid, s, volumes.get(name)) for name, proc, s in procs]
         for server in servers:
             stack.callback(server.close)
         yield servers
@@ -401,8 +408,8 @@ def main() -> None:
             wait_ready(e_sock)
             wait_ready(g_sock)
             empty, growing = (
-                Server("empty", drivers[0].pid, e_sock),
-                Server("growing", drivers[1].pid, g_sock),
+                Server("empty", drivers[0].pid, e_sock, work / "empty" / "volumes"),
+                Server("growing", drivers[1].pid, g_sock, work / "growing" / "volumes"),
             )
             stack.callback(empty.close)
             stack.callback(growing.close)

@@ -5,8 +5,10 @@ device, blank check, mkfs, mount), NodePublishVolume (bind), NodeUnpublishVolume
 (unmount, detach), ControllerUnpublishVolume, DeleteVolume; every call timed. As a CO does, the client
 makes staging_target_path and the parent of target_path before it calls.
 Tool floor: `truncate -s 1G`, `losetup --find --show`, `mkfs.<fs> -q`, `mount`, `umount`, `losetup -d`
-on a fresh file, each program timed. Driver, floor and the traced stage take turns, round by round,
-for ext4 and xfs.
+on a fresh file, each program timed (the file removed untimed). Driver, floor and the traced stage take
+turns, round by round, for ext4 and xfs. The driver removes a deleted volume's file in the background
+after DeleteVolume answers; each run waits, untimed, until it has, so that work never runs into the
+time of the next run (the floor's included).
 
 Targets (issue 17): cycle median <= 1.2x the floor's; NodeStageVolume median <= the floor's mkfs median
 + 3 ms. In the same rounds a stage is traced step by step in-process (the same Stager and backend the
@@ -36,9 +38,18 @@ from typing import Any
 import grpc
 
 from benchmarks.bench_controller import wait_ready
-from benchmarks.common import Progress, load_average, start_driver, stop_driver, summary_ms, write_result
+from benchmarks.common import (
+    Progress,
+    load_average,
+    removed,
+    start_driver,
+    stop_driver,
+    summary_ms,
+    write_result,
+)
 from benchmarks.mount_trace import mount_anatomy
 from csi._proto import csi_pb2, csi_pb2_grpc
+from csi.backends.local.reaper import REAPER
 
 GiB = 1024**3
 TARGET_RATIO = 1.2
@@ -178,6 +189,7 @@ class TracedStage:
             self.stager.unstage(disk.id, staging)
             self.backend.detach(disk.id, NODE_ID)
             self.backend.delete_volume(disk.id)
+            REAPER.settle()  # its file removed before the next run starts, as removed() does
         if i < 0:  # warm-up
             return
         for label, seconds in clock.items():
@@ -231,6 +243,7 @@ def measure(
         def driver_run(n: int) -> None:
             for k, v in driver_cycle(channel, kubelet, fs, n).items():
                 driver[k].append(v)
+            removed(workdir / "data" / "volumes")
             empty.append(round_trip(channel))
 
         def floor_run(n: int) -> None:
@@ -296,7 +309,7 @@ def main() -> int:
             "volume": "1 GiB, fresh per run",
             "runs": runs,
             "method": "driver cycle, tool floor and traced stage take turns run by run, each first as "
-            "often; medians",
+            "often, each run's files removed before the next starts; medians",
             **figures,
             "target_ratio": TARGET_RATIO,
             "target_stage_over_mkfs_ms": TARGET_STAGE_OVER_MKFS_MS,

@@ -61,6 +61,15 @@ def driver_log(sock: Path) -> str:
     return path.read_text(errors="replace") if path.exists() else ""
 
 
+def removed(volumes: Path, timeout: float = 30) -> None:
+    """Until the driver has removed the files of the deletes it answered (in the background, under their
+    set-aside name `.deleting`): a benchmark waits untimed, so that work is never counted in, or runs
+    into, what it measures next."""
+    deadline = time.monotonic() + timeout
+    while any(p.name.endswith(".deleting") for p in volumes.iterdir()) and time.monotonic() < deadline:
+        time.sleep(0.001)
+
+
 def stop_driver(proc: subprocess.Popen[bytes]) -> int:
     proc.terminate()
     try:
