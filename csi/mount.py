@@ -23,6 +23,7 @@ import subprocess
 from collections.abc import Iterable, Mapping, Sequence
 from typing import NamedTuple, Protocol
 
+from csi import programs
 from csi.failures import DriverError
 from csi.filesystems import (
     EXT_TYPES,
@@ -87,17 +88,10 @@ class SubprocessRunner:
                 f"{argv[0]} is not installed (Debian package {REQUIRED_TOOLS.get(argv[0], '?')})"
             )
         try:
-            done = subprocess.run(
-                [program, *argv[1:]],
-                capture_output=True,
-                text=True,
-                stdin=subprocess.DEVNULL,
-                timeout=timeout,
-                check=False,
-            )
+            status, out, err = programs.run([program, *argv[1:]], timeout)
         except subprocess.TimeoutExpired as exc:
             raise MountError(f"{argv[0]} did not finish within {timeout}s") from exc
-        return Result(tuple(argv), done.returncode, done.stdout, done.stderr)
+        return Result(tuple(argv), status, out, err)
 
 
 def _fail(result: Result, what: str) -> MountError:
