@@ -48,13 +48,22 @@ class HeldUnlinks:
         REAPER.settle()
 
 
+def written(be: LocalBackend) -> tuple[str, str]:
+    """(id, file) of a new volume with data in it: a file that holds no block is removed at once."""
+    vol = be.create_volume("v", DiskOptions(size_bytes=MiB))
+    path = be.volume_path(vol.id)
+    with open(path, "r+b") as f:
+        f.write(b"data")
+        os.fsync(f.fileno())
+    return vol.id, path
+
+
 def test_a_delete_answers_before_its_file_is_removed(
     be: LocalBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    vol = be.create_volume("v", DiskOptions(size_bytes=MiB))
-    path = be.volume_path(vol.id)
+    volume_id, path = written(be)
     held = HeldUnlinks(monkeypatch)
-    be.delete_volume(vol.id)  # would wait for the gate (and then fail below) if it removed the file itself
+    be.delete_volume(volume_id)  # would wait for the gate (and then fail below) if it removed the file itself
     assert held.removed == []
     assert os.listdir(os.path.dirname(path)) == [os.path.basename(path) + files.DOOMED]
     held.release()
@@ -65,20 +74,31 @@ def test_a_delete_answers_before_its_file_is_removed(
 def test_a_space_check_that_comes_up_short_waits_for_the_removals_in_flight(
     be: LocalBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    vol = be.create_volume("v", DiskOptions(size_bytes=MiB))
-    directory = os.path.dirname(be.volume_path(vol.id))
+    volume_id, path = written(be)
+    directory = os.path.dirname(path)
     held = HeldUnlinks(monkeypatch)
-    be.delete_volume(vol.id)
-    free = files.space(directory).free
-    assert files.space(directory, free).free == free, "enough free space: no wait"
+    be.delete_volume(volume_id)
+    files.space(directory, 1)  # enough: no wait (else the gate's 10 s, and a removal seen below)
     assert held.removed == [], "the check waited for the removal although the space sufficed"
+    whole = files.space(directory).size
     with futures.ThreadPoolExecutor(1) as pool:
-        short = pool.submit(files.space, directory, free + 1)
+        short = pool.submit(files.space, directory, whole + 1)  # short whatever else runs meanwhile
         time.sleep(0.2)
         assert not short.done(), "a check that came up short did not wait for the removal in flight"
         held.gate.set()
         short.result(timeout=10)
     assert len(held.removed) == 1
+
+
+def test_a_file_that_holds_no_block_is_removed_before_the_delete_answers(
+    be: LocalBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    vol = be.create_volume("v", DiskOptions(size_bytes=MiB))  # sparse: never written
+    handed: list[str] = []
+    monkeypatch.setattr(REAPER, "put", lambda paths: handed.extend(paths))
+    be.delete_volume(vol.id)
+    assert handed == []
+    assert os.listdir(os.path.dirname(be.volume_path(vol.id))) == []
 
 
 def test_a_removal_that_fails_is_logged_and_the_next_goes_on(

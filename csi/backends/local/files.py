@@ -214,8 +214,9 @@ DOOMED = ".deleting"  # the name suffix of a file whose record a delete is remov
 @contextlib.contextmanager
 def doomed(paths: Sequence[str]) -> Iterator[None]:
     """Delete the files `paths` along with the records the block deletes: each is renamed
-    `<path>.deleting` first, named back when the block raises, and once it returns handed to the
-    background remover (reaper.py), so the caller does not wait for the blocks to be freed. After a
+    `<path>.deleting` first, named back when the block raises, and once it returns removed: by the
+    background remover (reaper.py) when it holds blocks, so the caller does not wait while they are
+    freed, else at once. After a
     crash, start-up reconciliation finishes what it finds: a `.deleting` file whose record is gone is
     removed, one whose record is still there gets its name back. So a crash between a delete's record
     and its file does not leave the deleted data behind as an orphan. The renames are not synced: after
@@ -231,7 +232,21 @@ def doomed(paths: Sequence[str]) -> Iterator[None]:
         for path in moved:
             os.rename(path + DOOMED, path)
         raise
-    REAPER.put(path + DOOMED for path in moved)
+    slow = []
+    for path in moved:
+        if _allocated(path + DOOMED):
+            slow.append(path + DOOMED)
+        else:  # no block to free: removed at once, cheaper than handing it over
+            remove(path + DOOMED)
+    REAPER.put(slow)
+
+
+def _allocated(path: str) -> bool:
+    """Whether `path` holds any block (a volume never written holds none)."""
+    try:
+        return os.stat(path).st_blocks > 0
+    except FileNotFoundError:
+        return False
 
 
 def move_no_replace(src: str, dst: str) -> None:

@@ -7,7 +7,9 @@ freshly formatted 1 GiB volume, and seconds for a large one full of data, during
 and the file carries its set-aside name (files.doomed), so nothing can use it again; if the process
 stops before removing it, start-up reconciliation removes it (startup.py). Until it is removed its
 blocks still count as used: `settle()` lets a space check that comes up short wait for the removals
-in flight (files.space). One thread for the whole process, started with the first removal.
+in flight (files.space). A file holding no block is removed at once instead (files.doomed): it has
+nothing to free, and the hand-over would cost more than the unlink. One thread for the whole process,
+started with the first removal.
 """
 
 from __future__ import annotations
