@@ -116,3 +116,33 @@ def test_a_removal_that_fails_is_logged_and_the_next_goes_on(
         f"could not remove {stuck} (removed at the next start)"
     ]
     assert not reaper.settle(), "nothing in flight: settle() says so"
+
+
+def test_settle_waits_only_for_what_was_handed_over_before_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under a steady stream of deletes a space check still returns: it waits for the removals it
+    found in flight, not for the ones handed over while it waits."""
+    first, later = tmp_path / "first", tmp_path / "later"
+    gates = {str(first): threading.Event(), str(later): threading.Event()}
+    real = os.unlink
+
+    def unlink(path: Any, *args: Any, **kwargs: Any) -> None:
+        gates[str(path)].wait(10)
+        real(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "unlink", unlink)
+    first.write_bytes(b"x")
+    later.write_bytes(b"x")
+    reaper = Reaper()
+    reaper.put([str(first)])
+    with futures.ThreadPoolExecutor(1) as pool:
+        settled = pool.submit(reaper.settle)
+        time.sleep(0.1)
+        reaper.put([str(later)])
+        gates[str(first)].set()
+        assert settled.result(timeout=5) is True
+        assert later.exists(), "settle() returned only once the later removal was done too"
+    gates[str(later)].set()
+    reaper.settle()
+    assert not later.exists()

@@ -28,23 +28,30 @@ class Reaper:
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._queue: collections.deque[str] = collections.deque()
-        self._busy = False  # a removal is running
+        self._handed = 0  # paths handed over so far
+        self._done = 0  # of them, removed (or failed)
         self._thread: threading.Thread | None = None
 
     def put(self, paths: Iterable[str]) -> None:
         """Remove `paths` (already gone is fine) soon, in this order."""
+        paths = list(paths)
+        if not paths:
+            return
         with self._cond:
             self._queue.extend(paths)
+            self._handed += len(paths)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="reaper", daemon=True)
                 self._thread.start()
             self._cond.notify_all()
 
     def settle(self) -> bool:
-        """Wait until every removal handed over so far is done; True when there were any."""
+        """Wait until every removal handed over before this call is done (not those handed over while
+        it waits); True when there were any."""
         with self._cond:
-            waited = bool(self._queue) or self._busy
-            while self._queue or self._busy:
+            target = self._handed
+            waited = self._done < target
+            while self._done < target:
                 self._cond.wait()
         return waited
 
@@ -52,15 +59,16 @@ class Reaper:
         while True:
             with self._cond:
                 while not self._queue:
-                    self._busy = False
-                    self._cond.notify_all()
                     self._cond.wait()
-                path, self._busy = self._queue.popleft(), True
+                path = self._queue.popleft()
             try:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)
             except OSError as exc:  # left for start-up reconciliation, which removes set-aside files
                 log.warning("could not remove %s (removed at the next start): %s", path, exc)
+            with self._cond:
+                self._done += 1
+                self._cond.notify_all()
 
 
 REAPER = Reaper()
