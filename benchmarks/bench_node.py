@@ -37,16 +37,9 @@ from typing import Any
 
 import grpc
 
+from benchmarks import common
 from benchmarks.bench_controller import wait_ready
-from benchmarks.common import (
-    Progress,
-    load_average,
-    removed,
-    start_driver,
-    stop_driver,
-    summary_ms,
-    write_result,
-)
+from benchmarks.common import Progress, load_average, start_driver, stop_driver, summary_ms, write_result
 from benchmarks.mount_trace import mount_anatomy
 from csi._proto import csi_pb2, csi_pb2_grpc
 from csi.backends.local.reaper import REAPER
@@ -243,7 +236,7 @@ def measure(
         def driver_run(n: int) -> None:
             for k, v in driver_cycle(channel, kubelet, fs, n).items():
                 driver[k].append(v)
-            removed(workdir / "data" / "volumes")
+            common.removed(workdir / "data" / "volumes")
             empty.append(round_trip(channel))
 
         def floor_run(n: int) -> None:
