@@ -61,12 +61,16 @@ def driver_log(sock: Path) -> str:
     return path.read_text(errors="replace") if path.exists() else ""
 
 
-def removed(volumes: Path, timeout: float = 30) -> None:
-    """Until the driver has removed the files of the deletes it answered (in the background, under their
-    set-aside name `.deleting`): a benchmark waits untimed, so that work is never counted in, or runs
-    into, what it measures next."""
+def removed(*directories: Path, timeout: float = 30) -> None:
+    """Until the driver has removed, in `directories` (its data dir's volumes and snapshots; a missing
+    one has nothing), the files of the deletes it answered: it removes them in the background, under
+    their set-aside name `.deleting` (csi/backends/local/reaper.py). One still there after `timeout` is
+    left as it is. Benchmarks wait untimed, so that work is never counted in, or runs into, what they
+    measure next; tests wait before they read the data dir."""
     deadline = time.monotonic() + timeout
-    while any(p.name.endswith(".deleting") for p in volumes.iterdir()) and time.monotonic() < deadline:
+    while time.monotonic() < deadline and any(
+        p.name.endswith(".deleting") for d in directories if d.is_dir() for p in d.iterdir()
+    ):
         time.sleep(0.001)
 
 

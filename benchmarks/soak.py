@@ -282,12 +282,11 @@ def leftovers(endpoint: str, data_dir: Path) -> dict[str, Any]:
         snaps = s.controller.ListSnapshots(csi_pb2.ListSnapshotsRequest(), timeout=30).entries
     finally:
         s.channel.close()
-    deadline = time.monotonic() + 10  # the files of answered deletes are removed in the background
-    while True:
-        files = [p.name for sub in ("volumes", "snapshots") for p in (data_dir / sub).iterdir()]
-        if not any(f.endswith(".deleting") for f in files) or time.monotonic() > deadline:
-            return {"volumes": len(vols), "snapshots": len(snaps), "files": files}
-        time.sleep(0.01)
+    from benchmarks.common import removed
+
+    removed(data_dir / "volumes", data_dir / "snapshots")
+    files = [p.name for sub in ("volumes", "snapshots") for p in (data_dir / sub).iterdir()]
+    return {"volumes": len(vols), "snapshots": len(snaps), "files": files}
 
 
 def summarise(tally: Tally, seconds: float) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import grpc
 
+from benchmarks.common import removed
 from csi._proto import csi_pb2, csi_pb2_grpc
 from tests.conftest import REPO, require_tool
 
@@ -58,15 +59,9 @@ class Driver:
 
     def files(self, kind: str, timeout: float = 10) -> list[str]:
         """The sorted names in the data dir's `kind` directory ("volumes", "snapshots") once the driver
-        has removed the files of the deletes it answered: it removes them in the background, under
-        their set-aside name (`.deleting`, csi/backends/local/reaper.py)."""
-        directory = self.data_dir / kind
-        deadline = time.monotonic() + timeout
-        while True:
-            names = sorted(os.listdir(directory))
-            if not any(n.endswith(".deleting") for n in names) or time.monotonic() >= deadline:
-                return names
-            time.sleep(0.01)
+        has removed the files of the deletes it answered (benchmarks.common.removed)."""
+        removed(self.data_dir / kind, timeout=timeout)
+        return sorted(os.listdir(self.data_dir / kind))
 
 
 def _wait_ready(driver: Driver, timeout: float) -> None:

@@ -21,6 +21,7 @@ from typing import Any
 import grpc
 import pytest
 
+from benchmarks.common import removed
 from csi import loop, loopfind
 from csi._proto import csi_pb2
 from csi.mount import Mounter
@@ -90,13 +91,8 @@ class DiskState:
 
 def read_state(data_dir: Path) -> DiskState:
     """The state database (read-only) and the files beside it, once a running driver has removed the
-    files of the deletes it answered: it removes them in the background, under their set-aside name
-    (`.deleting`, csi/backends/local/reaper.py); one still there after 10 s is read as it is."""
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(
-        p.name.endswith(".deleting") for sub in ("volumes", "snapshots") for p in _entries(data_dir / sub)
-    ):
-        time.sleep(0.01)
+    files of the deletes it answered (benchmarks.common.removed; one still there after 10 s is read)."""
+    removed(data_dir / "volumes", data_dir / "snapshots", timeout=10)
     con = sqlite3.connect(f"{(data_dir / 'state.db').as_uri()}?mode=ro", uri=True, timeout=30)
     try:
         vols = con.execute("SELECT id, name, size FROM volumes").fetchall()
@@ -115,10 +111,6 @@ def read_state(data_dir: Path) -> DiskState:
         snapshot_files=files("snapshots"),
         names={n: i for i, n, _ in vols},
     )
-
-
-def _entries(directory: Path) -> list[Path]:
-    return list(directory.iterdir()) if directory.is_dir() else []
 
 
 def assert_consistent(data_dir: Path) -> DiskState:
