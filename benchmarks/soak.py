@@ -284,7 +284,7 @@ def leftovers(endpoint: str, data_dir: Path) -> dict[str, Any]:
         s.channel.close()
     from benchmarks.common import removed
 
-    removed(data_dir / "volumes", data_dir / "snapshots")
+    removed(data_dir / "volumes", data_dir / "snapshots", timeout=10)
     files = [p.name for sub in ("volumes", "snapshots") for p in (data_dir / sub).iterdir()]
     return {"volumes": len(vols), "snapshots": len(snaps), "files": files}
 
