@@ -7,7 +7,8 @@ and `umount` programs are the documented fallback (`syscalls=False`, or libc una
 Contracts:
 - `unmount(path)`: not mounted or missing -> success (returns False); unmounted -> True.
 - `probe(device)`: what blkid finds (filesystem type, partition table type); ambiguous -> MountError.
-- `mkfs` is only ever called by the node after `probe` found neither a filesystem nor a partition table;
+- `mkfs` is only ever called by the node after `probe` found neither a filesystem nor a partition table,
+  or on a device the backend proved never written (then `zeroed`: nothing discarded or zeroed);
   mkfs.ext*/mkfs.xfs are also run without their force flags, so they refuse to overwrite a signature.
 - Flags and mkfs options reaching this module were checked against the allow-lists of csi/filesystems.py.
 """
@@ -33,6 +34,7 @@ from csi.filesystems import (
     VFS_FLAGS,
     mkfs_argv,
     split_flags,
+    zeroed_flags,
 )
 
 # Program -> Debian package that ships it (the Dockerfile installs exactly these packages).
@@ -190,13 +192,7 @@ class _Libc:
         # subprocess, about 10 ms of start-up.
         lib = ctypes.CDLL(None, use_errno=True)
         self._mount = lib.mount
-        self._mount.argtypes = [
-            ctypes.c_char_p,
-            ctypes.c_char_p,
-            ctypes.c_char_p,
-            ctypes.c_ulong,
-            ctypes.c_char_p,
-        ]
+        self._mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_char_p]
         self._umount2 = lib.umount2
         self._umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
 
@@ -230,6 +226,7 @@ class Mounter:
     ) -> None:
         self.runner: Runner = runner or SubprocessRunner()
         self.mountinfo_path = mountinfo_path
+        self._mke2fs: tuple[int, ...] | None = None
         self._libc: _Libc | None = None
         if syscalls:
             try:
@@ -275,10 +272,23 @@ class Mounter:
         )
         return Probe(fs_type=values.get("TYPE", ""), pt_type=values.get("PTTYPE", ""))
 
-    def mkfs(self, device: str, fs_type: str, options: Mapping[str, str]) -> None:
-        result = self.runner(mkfs_argv(device, fs_type, options), timeout=1800)
+    def mkfs(self, device: str, fs_type: str, options: Mapping[str, str], *, zeroed: bool = False) -> None:
+        """Make a filesystem. `zeroed`: the device reads zeros everywhere, so nothing is discarded or
+        zeroed (filesystems.zeroed_flags, for the mke2fs version installed)."""
+        extra = zeroed_flags(fs_type, self._mke2fs_version(fs_type)) if zeroed else []
+        result = self.runner(mkfs_argv(device, fs_type, options, extra=extra), timeout=1800)
         if result.returncode != 0:
             raise _fail(result, f"mkfs.{fs_type} on {device}")
+
+    def _mke2fs_version(self, fs_type: str) -> tuple[int, ...]:
+        """Version of the mke2fs behind mkfs.<fs_type>, asked once ((0,) when not ext* or not said)."""
+        if fs_type not in EXT_TYPES:
+            return (0,)
+        if self._mke2fs is None:
+            said = self.runner([f"mkfs.{fs_type}", "-V"], timeout=60)
+            found = re.search(r"mke2fs (\d+)\.(\d+)(?:\.(\d+))?", said.stderr + said.stdout)
+            self._mke2fs = tuple(int(n or 0) for n in found.groups()) if found else (0,)
+        return self._mke2fs
 
     def fsck(self, device: str, fs_type: str, *, full: bool = False) -> None:
         """Repair what is safe to repair (e2fsck -p; `full` forces a complete check, as an offline

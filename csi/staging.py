@@ -260,7 +260,7 @@ class Stager:
         if probe.blank:
             if fs.readonly:
                 raise FailedPreconditionError(f"{device} has no filesystem and cannot be formatted read-only")
-            self._mounter.mkfs(device, fs.fs_type, fs.options)
+            self._mounter.mkfs(device, fs.fs_type, fs.options, zeroed=never_written)
             failpoints.hit("node.stage.formatted")
             return fs.fs_type, False
         if not probe.fs_type:

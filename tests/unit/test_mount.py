@@ -386,6 +386,53 @@ def test_mkfs_failure_names_the_command(tmp_path: Path) -> None:
         fake_mounter(tmp_path, runner).mkfs("/dev/x", "ext4", {})
 
 
+MKE2FS_1_47 = "mke2fs 1.47.0 (5-Feb-2023)\n\tUsing EXT2FS Library version 1.47.0\n"
+
+
+@pytest.mark.parametrize(
+    ("fs_type", "said", "expected_calls"),
+    [
+        pytest.param(
+            "ext4",
+            MKE2FS_1_47,
+            [
+                ("mkfs.ext4", "-V"),
+                ("mkfs.ext4", "-q", "-E", "nodiscard,assume_storage_prezeroed=1", "/dev/x"),
+            ],
+            id="mke2fs-1.47-nothing-discarded-or-zeroed",
+        ),
+        pytest.param(
+            "ext3",
+            "mke2fs 1.46.5 (30-Dec-2021)\n",
+            [("mkfs.ext3", "-V"), ("mkfs.ext3", "-q", "-E", "nodiscard", "/dev/x")],
+            id="older-mke2fs-nothing-discarded",
+        ),
+        pytest.param(
+            "ext4",
+            "",
+            [("mkfs.ext4", "-V"), ("mkfs.ext4", "-q", "-E", "nodiscard", "/dev/x")],
+            id="version-not-said-nothing-discarded",
+        ),
+        pytest.param("xfs", "", [("mkfs.xfs", "-q", "-K", "/dev/x")], id="xfs-nothing-discarded"),
+    ],
+)
+def test_a_zeroed_device_is_formatted_without_discarding_or_zeroing(
+    tmp_path: Path, fs_type: str, said: str, expected_calls: list[tuple[str, ...]]
+) -> None:
+    runner = FakeRunner().on(f"mkfs.{fs_type}", "-V", stderr=said)
+    mounter = fake_mounter(tmp_path, runner)
+    mounter.mkfs("/dev/x", fs_type, {}, zeroed=True)
+    assert runner.calls == expected_calls
+    mounter.mkfs("/dev/y", fs_type, {}, zeroed=True)  # the version is asked once per mounter
+    assert runner.calls[len(expected_calls) :] == [(*expected_calls[-1][:-1], "/dev/y")]
+
+
+def test_a_device_not_known_zeroed_is_formatted_with_mkfs_defaults(tmp_path: Path) -> None:
+    runner = FakeRunner().on("mkfs.ext4", "-V", stderr=MKE2FS_1_47)
+    fake_mounter(tmp_path, runner).mkfs("/dev/x", "ext4", {keys.BLOCK_SIZE: "4096"})
+    assert runner.calls == [("mkfs.ext4", "-q", "-b", "4096", "/dev/x")]
+
+
 @pytest.mark.parametrize(
     ("path", "mounted", "expected_calls"),
     [

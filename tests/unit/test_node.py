@@ -402,7 +402,9 @@ def test_staged_count_reads_the_mount_table(env: Env) -> None:
 @pytest.mark.parametrize(
     ("never_written", "partition", "expected_programs"),
     [
-        pytest.param(True, 0, ["mkfs.ext4", "mount"], id="never-written-is-formatted-unprobed"),
+        pytest.param(
+            True, 0, ["mkfs.ext4", "mkfs.ext4", "mount"], id="never-written-is-formatted-unprobed-as-zeroed"
+        ),
         pytest.param(False, 0, ["blkid", "mkfs.ext4", "mount"], id="unknown-is-probed-first"),
         pytest.param(True, 1, ["blkid", "mkfs.ext4", "mount"], id="a-partition-is-always-probed"),
     ],
@@ -416,7 +418,8 @@ def test_only_a_volume_the_backend_proves_never_written_skips_the_probe(
     expected_programs: list[str],
 ) -> None:
     """Format only if blank: blkid may be skipped only when the backend proves no byte of the whole
-    volume was written (Backend.never_written); a partition, or a volume it cannot vouch for, is probed."""
+    volume was written (Backend.never_written); a partition, or a volume it cannot vouch for, is probed.
+    Only the proven one is formatted as zeroed (mkfs asked its version, nothing discarded)."""
     from csi import devices
 
     device = _device(tmp_path)
@@ -429,3 +432,5 @@ def test_only_a_volume_the_backend_proves_never_written_skips_the_probe(
     staging = str(env.kubelet / "plugins" / "s" / "globalmount")
     env.node.stager.stage(env.volume_id, {}, partition, staging, Filesystem("ext4", True, [], False, {}))
     assert env.runner.programs() == expected_programs
+    (mkfs,) = [call for call in env.runner.calls if call[0] == "mkfs.ext4" and call[1] != "-V"]
+    assert ("nodiscard" in " ".join(mkfs)) is (never_written and partition == 0)
