@@ -550,9 +550,10 @@ def section_node(node: Result, plots: dict[str, str]) -> list[str]:
         "NodeStage (loop device, blank check, mkfs, mount), NodePublish, NodeUnpublish, NodeUnstage, "
         "ControllerUnpublish, DeleteVolume; as a CO does, the client makes the staging directory and "
         "the target's parent before it calls. Reference, same run: the tool floor `truncate -s 1G`, "
-        "`losetup --find --show`, `mkfs.<fs> -q`, `mount`, `umount`, `losetup -d`. Tools: "
-        + ", ".join(f"{k} ({v})" for k, v in node.get("tools").items())
-        + ".",
+        "`losetup --find --show`, `mkfs.<fs> -q`, `mount`, `umount`, `losetup -d`. The floor runs mkfs "
+        "with its defaults; the driver formats a volume it proved never written as zeroed storage "
+        "(`mkfs.xfs -K`; mke2fs `-E nodiscard,assume_storage_prezeroed=1`), as the traced stage's mkfs "
+        "row shows. Tools: " + ", ".join(f"{k} ({v})" for k, v in node.get("tools").items()) + ".",
         "",
     ]
     rows = []
