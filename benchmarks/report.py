@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import REPO, RESULTS
+from csi.filesystems import zeroed_flags
 
 DOC = REPO / "docs" / "performance.md"
 PLOTS = "img"  # under docs/: docs/img/perf-*.png
@@ -541,6 +542,7 @@ def section_mount_anatomy(node: Result) -> list[str]:
 
 
 def section_node(node: Result, plots: dict[str, str]) -> list[str]:
+    xfs_zeroed, ext_zeroed = (" ".join(zeroed_flags(fs, (1, 47, 0))) for fs in ("xfs", "ext4"))
     out = [
         "## Node cycle (`bench_node`, root)",
         "",
@@ -552,8 +554,10 @@ def section_node(node: Result, plots: dict[str, str]) -> list[str]:
         "the target's parent before it calls. Reference, same run: the tool floor `truncate -s 1G`, "
         "`losetup --find --show`, `mkfs.<fs> -q`, `mount`, `umount`, `losetup -d`. The floor runs mkfs "
         "with its defaults; the driver formats a volume it proved never written as zeroed storage "
-        "(`mkfs.xfs -K`; mke2fs `-E nodiscard,assume_storage_prezeroed=1`), as the traced stage's mkfs "
-        "row shows. Tools: " + ", ".join(f"{k} ({v})" for k, v in node.get("tools").items()) + ".",
+        f"(`mkfs.xfs {xfs_zeroed}`; mke2fs `{ext_zeroed}`), "
+        "as the traced stage's mkfs row shows. Tools: "
+        + ", ".join(f"{k} ({v})" for k, v in node.get("tools").items())
+        + ".",
         "",
     ]
     rows = []

@@ -275,12 +275,12 @@ class Mounter:
     def mkfs(self, device: str, fs_type: str, options: Mapping[str, str], *, zeroed: bool = False) -> None:
         """Make a filesystem. `zeroed`: the device reads zeros everywhere, so nothing is discarded or
         zeroed (filesystems.zeroed_flags, for the mke2fs version installed)."""
-        extra = zeroed_flags(fs_type, self._mke2fs_version(fs_type)) if zeroed else []
+        extra = zeroed_flags(fs_type, self.mke2fs_version(fs_type)) if zeroed else []
         result = self.runner(mkfs_argv(device, fs_type, options, extra=extra), timeout=1800)
         if result.returncode != 0:
             raise _fail(result, f"mkfs.{fs_type} on {device}")
 
-    def _mke2fs_version(self, fs_type: str) -> tuple[int, ...]:
+    def mke2fs_version(self, fs_type: str) -> tuple[int, ...]:
         """Version of the mke2fs behind mkfs.<fs_type>, asked once ((0,) when not ext* or not said)."""
         if fs_type not in EXT_TYPES:
             return (0,)
