@@ -71,6 +71,29 @@ def test_a_delete_answers_before_its_file_is_removed(
     assert os.listdir(os.path.dirname(path)) == []
 
 
+def test_start_up_removes_a_crashed_deletes_file_in_the_background(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A delete that died after its record went leaves `<file>.deleting`: start-up opens without
+    waiting for its blocks to be freed (the first Probe waits for start-up), and the file still goes."""
+    data = str(tmp_path / "data")
+    be = LocalBackend.open(data, node_id="node-1")
+    volume_id, path = written(be)
+    be.store.delete_volume(volume_id)
+    be.close()
+    os.rename(path, path + files.DOOMED)
+    held = HeldUnlinks(monkeypatch)
+    reopened = LocalBackend.open(data, node_id="node-1")  # would wait for the gate if it unlinked itself
+    try:
+        assert held.removed == []
+        assert os.listdir(os.path.dirname(path)) == [os.path.basename(path) + files.DOOMED]
+    finally:
+        held.release()
+        reopened.close()
+    assert held.removed == [path + files.DOOMED]
+    assert os.listdir(os.path.dirname(path)) == []
+
+
 def test_a_space_check_that_comes_up_short_waits_for_the_removals_in_flight(
     be: LocalBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -232,12 +232,19 @@ def doomed(paths: Sequence[str]) -> Iterator[None]:
         for path in moved:
             os.rename(path + DOOMED, path)
         raise
+    discard([path + DOOMED for path in moved])
+
+
+def discard(paths: Sequence[str]) -> None:
+    """Remove files nothing may use again without waiting for their blocks to be freed: one holding
+    blocks is handed to the background remover (reaper.py), one holding none is removed at once (the
+    unlink is cheaper than the hand-over). Already gone is fine."""
     slow = []
-    for path in moved:
-        if _allocated(path + DOOMED):
-            slow.append(path + DOOMED)
-        else:  # no block to free: removed at once, cheaper than handing it over
-            remove(path + DOOMED)
+    for path in paths:
+        if _allocated(path):
+            slow.append(path)
+        else:
+            remove(path)
     REAPER.put(slow)
 
 

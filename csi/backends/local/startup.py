@@ -171,9 +171,9 @@ def _finish_delete(path: str, recorded: bool) -> None:
     if recorded:
         os.rename(path, path.removesuffix(files.DOOMED))
         log.warning("named %s back: the delete that set it aside did not record itself", path)
-    else:
-        files.remove(path)
-        log.info("removed %s: its record is deleted, and the delete that set it aside died", path)
+    else:  # in the background when it holds blocks: freeing them must not hold up the first Probe
+        files.discard([path])
+        log.info("removing %s: its record is deleted, and the delete that set it aside died", path)
 
 
 def _orphan(layout: Layout, entry: os.DirEntry[str]) -> None:
