@@ -153,11 +153,24 @@ def test_iops_below_minimum_without_auto_increase_is_rejected() -> None:
         pytest.param("st1", 100, id="st1-below-125"),
         pytest.param("standard", 2048, id="standard-above-1TiB"),
         pytest.param("io2", 2, id="io2-below-4"),
+        pytest.param("gp3", 65537, id="gp3-above-64TiB"),
+        pytest.param("gp2", 16385, id="gp2-above-16TiB"),
     ],
 )
 def test_size_outside_type_limits_is_out_of_range(kind: str, size: int) -> None:
     with pytest.raises(OutOfRangeError, match=kind):
         P.create_arguments({"type": kind, "iops": "100"} if kind == "io2" else {"type": kind}, size)
+
+
+def test_gp3_takes_what_ebs_has_allowed_since_september_2025() -> None:
+    """64 TiB, 80,000 IOPS, 2,000 MiB/s: a stale table would refuse the size and throughput, and cap
+    the IOPS below what the user asked for without an error."""
+    params = P.validate({"type": "gp3", "iops": "80000", "throughput": "2000"})
+    assert P.create_arguments(params, 65536) == {
+        "VolumeType": "gp3", "Size": 65536, "Iops": 80000, "Throughput": 2000
+    }  # fmt: skip
+    with pytest.raises(InvalidParameterError, match=r"125\.\.2000 MiB/s"):
+        P.validate({"type": "gp3", "throughput": "2001"})
 
 
 @pytest.mark.parametrize(
