@@ -10,7 +10,6 @@ import pytest
 
 from csi.backends.aws import AwsBackend
 from csi.backends.aws.metadata import (
-    DEDICATED_LIMIT,
     DEFAULT_LIMIT,
     XEN_LIMIT,
     Imds,
@@ -76,7 +75,7 @@ def test_everything_from_imdsv2(imds: Imds) -> None:
     assert (placement.node_id, placement.zone, placement.max_volumes) == (
         "i-0abc1234def567890",
         "eu-west-1b",
-        DEDICATED_LIMIT,
+        31,  # an m7i.large: 32 dedicated slots, one of them the root volume's
     )
     assert FakeImds.requests.count("PUT /latest/api/token") == 1  # one session token, reused
 
@@ -119,7 +118,15 @@ def test_no_metadata_keeps_a_given_node_id_and_default_limit() -> None:
     ("instance_type", "limit"),
     [
         pytest.param("m5.large", DEFAULT_LIMIT, id="shared-nitro"),
-        pytest.param("m7i.2xlarge", DEDICATED_LIMIT, id="dedicated"),
+        pytest.param("m7i.2xlarge", 31, id="dedicated-small"),
+        pytest.param("c7i.12xlarge", 31, id="dedicated-12xlarge"),
+        pytest.param("r7i.16xlarge", 47, id="dedicated-16xlarge"),
+        pytest.param("m7a.24xlarge", 63, id="dedicated-24xlarge"),
+        pytest.param("m7a.32xlarge", 87, id="dedicated-32xlarge"),
+        pytest.param("m7i.48xlarge", 127, id="dedicated-48xlarge"),
+        pytest.param("m7i.metal-24xl", 38, id="dedicated-metal-24xl"),
+        pytest.param("r7i.metal-48xl", 78, id="dedicated-metal-48xl"),
+        pytest.param("m8g.new-size", 31, id="dedicated-unknown-size-smallest"),
         pytest.param("t2.micro", XEN_LIMIT, id="xen"),
         pytest.param("zz9.huge", DEFAULT_LIMIT, id="unknown"),
     ],
@@ -138,9 +145,7 @@ THREE_ENIS = "0a:00/\n0a:01/\n0a:02/"
         pytest.param(
             "m5.large", "ami\nebs1\nroot", "0a:00/\n0a:01/\n0a:02/", DEFAULT_LIMIT - 3, id="nitro-shared"
         ),
-        pytest.param(
-            "m7i.large", "ami\nroot", "0a:00/\n0a:01/", DEDICATED_LIMIT, id="dedicated-ignores-enis"
-        ),
+        pytest.param("m7i.large", "ami\nroot", "0a:00/\n0a:01/", 31, id="dedicated-ignores-enis"),
         pytest.param("t2.micro", "ami\nebs1\nebs2\nroot", "0a:00/\n0a:01/", XEN_LIMIT - 2, id="xen"),
     ],
 )

@@ -25,12 +25,24 @@ ZONE_ENV = "AWS_AVAILABILITY_ZONE"
 INSTANCE_ID = re.compile(r"i-[0-9a-f]{8,17}")
 
 # EBS volumes attachable besides the root volume. Nitro instances of these families share 28 slots
-# between EBS volumes and network interfaces: 28 - root - primary ENI = 26. Families with dedicated EBS
-# limits allow 128 volumes: 127 besides the root volume. Xen instances allow 40 device names: 39.
+# between EBS volumes and network interfaces: 28 - root - primary ENI = 26. Xen instances allow 40 device
+# names: 39. Families with a dedicated EBS limit allow a number that grows with the instance size (AWS,
+# "Amazon EBS volume limits for Amazon EC2 instances"): 32 up to 12xlarge, 128 at 48xlarge; the root
+# volume takes one of them.
 SHARED_NITRO_LIMIT = 26
-DEDICATED_LIMIT = 127
 XEN_LIMIT = 39
 DEFAULT_LIMIT = SHARED_NITRO_LIMIT  # unknown types: the conservative Nitro figure
+_DEDICATED_BY_SIZE = {
+    "16xlarge": 48,
+    "24xlarge": 64,
+    "32xlarge": 88,
+    "48xlarge": 128,
+    "metal-16xl": 39,
+    "metal-24xl": 39,
+    "metal-32xl": 79,
+    "metal-48xl": 79,
+}
+_DEDICATED_SMALLEST = 32  # medium .. 12xlarge, and any size the table does not name
 _XEN_FAMILIES = frozenset({"t2", "m4", "c4", "r4", "x1", "x1e", "d2", "h1", "i3", "p2", "p3", "g3", "f1"})
 _DEDICATED_FAMILIES = frozenset(
     {
@@ -39,12 +51,14 @@ _DEDICATED_FAMILIES = frozenset(
         "c7i",
         "c7i-flex",
         "r7i",
+        "r7iz",
         "m7a",
         "c7a",
         "r7a",
         "m8g",
         "c8g",
         "r8g",
+        "x8g",
         "m8i",
         "c8i",
         "r8i",
@@ -54,11 +68,11 @@ _DEDICATED_FAMILIES = frozenset(
 
 def attach_limit(instance_type: str) -> int:
     """How many EBS volumes the driver may attach to an instance of this type (besides its root)."""
-    family = instance_type.split(".", 1)[0]
+    family, _, size = instance_type.partition(".")
     if family in _XEN_FAMILIES:
         return XEN_LIMIT
     if family in _DEDICATED_FAMILIES:
-        return DEDICATED_LIMIT
+        return _DEDICATED_BY_SIZE.get(size, _DEDICATED_SMALLEST) - 1
     return DEFAULT_LIMIT
 
 
