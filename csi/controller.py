@@ -31,6 +31,7 @@ from csi.validation import (
     check_capability_form,
     check_ids,
     check_string,
+    claim_metadata,
     is_block,
     require,
     split_parameters,
@@ -123,6 +124,7 @@ class ControllerService(ControllerHealthRPCs, csi_pb2_grpc.ControllerServicer):
             source=self._source(request),
             multi_node=any(c.access_mode.mode in MULTI_NODE_MODES for c in caps),
             block=any(is_block(c) for c in caps),
+            metadata=claim_metadata(request.parameters),
         )
         with self._inflight.hold(f"create:{request.name}"):
             disk = self._backend.create_volume(request.name, options)

@@ -14,6 +14,7 @@ FS_TYPE_LEGACY = "fsType"  # in-tree spelling, as migrated StorageClasses carry 
 PVC_NAME = "csi.storage.k8s.io/pvc/name"  # added by --extra-create-metadata; used for tags/labels
 PVC_NAMESPACE = "csi.storage.k8s.io/pvc/namespace"
 PV_NAME = "csi.storage.k8s.io/pv/name"
+CLAIM_METADATA = (PVC_NAME, PVC_NAMESPACE, PV_NAME)  # what DiskOptions.metadata carries to the backend
 
 # mkfs options: validated at CreateVolume, carried in volume_context under the same key, validated
 # again on the node before they reach an mkfs argv.

@@ -241,6 +241,12 @@ def split_parameters(
     return context, rest
 
 
+def claim_metadata(parameters: Mapping[str, str]) -> dict[str, str]:
+    """The claim's identity among CreateVolume parameters (keys.CLAIM_METADATA, passed by the
+    external-provisioner with --extra-create-metadata), for DiskOptions.metadata."""
+    return {k: parameters[k] for k in keys.CLAIM_METADATA if parameters.get(k)}
+
+
 def check_format(context: Mapping[str, str], caps: Iterable[csi_pb2.VolumeCapability]) -> None:
     """The mkfs options of a volume_context as NodeStageVolume will check them (filesystems.mkfs_argv),
     for the filesystem each mount capability would get on the node (filesystems.requested_fs_type);

@@ -61,6 +61,9 @@ class DiskOptions(NamedTuple):
     requisite (if any), trying preferred first. `multi_node` asks for a disk attachable to several nodes.
     `context` holds generic volume_context entries (fs type, mkfs options) that the backend stores and
     returns unchanged in Disk.volume_context; it takes part in the idempotency comparison.
+    `metadata` holds the claim's identity as the external-provisioner passes it with
+    --extra-create-metadata (keys.CLAIM_METADATA: PVC name and namespace, PV name; absent without the
+    flag), for a backend that labels what it creates (aws: tags); it is no parameter.
     """
 
     size_bytes: int
@@ -72,6 +75,7 @@ class DiskOptions(NamedTuple):
     source: ContentSource | None = None
     multi_node: bool = False
     block: bool = False
+    metadata: Mapping[str, str] = _EMPTY
 
 
 class Disk(NamedTuple):

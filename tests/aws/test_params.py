@@ -186,16 +186,10 @@ def test_sizes_round_up_to_gib(size_bytes: int, gib: int) -> None:
     assert P.gib(size_bytes) == gib
 
 
-def test_user_tags_include_in_tree_era_tags() -> None:
-    tags = P.user_tags(
-        {
-            "tagSpecification_1": "team = storage",
-            "csi.storage.k8s.io/pvc/name": "data",
-            "csi.storage.k8s.io/pv/name": "pv-1",
-        }
-    )
-    assert tags == {
-        "team": "storage",
+def test_the_claim_gives_the_in_tree_era_tags() -> None:
+    metadata = {"csi.storage.k8s.io/pvc/name": "data", "csi.storage.k8s.io/pv/name": "pv-1"}
+    assert P.created_for_tags(metadata) == {
         "kubernetes.io/created-for/pvc/name": "data",
         "kubernetes.io/created-for/pv/name": "pv-1",
     }
+    assert P.spec_tags({"tagSpecification_1": "team = storage"}, metadata=metadata) == {"team": "storage"}

@@ -227,6 +227,7 @@ def test_create_volume_response_carries_context_topology_and_strips_k8s_keys(env
     assert dict(vol.volume_context) == {keys.VC_FS_TYPE: "xfs", keys.BLOCK_SIZE: "4096"}
     assert [dict(t.segments) for t in vol.accessible_topology] == [{FAKE_ZONE_KEY: "zone-a"}]
     assert env.backend.options[vol.volume_id].parameters == {"type": "gp3"}
+    assert env.backend.options[vol.volume_id].metadata == {keys.PVC_NAME: "data"}, "the claim, apart"
 
 
 def test_create_volume_is_idempotent_by_name(env: Env) -> None:

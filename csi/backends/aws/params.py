@@ -14,6 +14,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from csi import keys
+from csi.backends.aws.tagvalues import VOLUME_FIELDS, interpolate
 from csi.failures import InvalidParameterError, NotFoundError, OutOfRangeError
 
 # ---- canonical parameter keys
@@ -133,14 +134,18 @@ def _bool(key: str, value: str) -> bool:
     return lowered == "true"
 
 
-def _tag(key: str, value: str) -> tuple[str, str]:
+def _tag(
+    key: str, value: str, fields: Mapping[str, str] = VOLUME_FIELDS, params: Mapping[str, str] | None = None
+) -> tuple[str, str]:
+    """(name, value) of a `tagSpecification_<n>` parameter, its placeholders filled from `params`
+    (tagvalues.py; None: only checked)."""
     name, sep, tag_value = value.partition("=")
     name = name.strip()
     if not sep or not name:
         raise InvalidParameterError(f"parameter {key}: expected key=value, got {value!r}")
     if reserved_tag(name):
         raise InvalidParameterError(f"parameter {key}: tag key {name!r} is reserved for the driver or AWS")
-    return name, tag_value.strip()
+    return name, interpolate(key, tag_value.strip(), fields, params or {})
 
 
 def _check_type(value: str) -> str:
@@ -312,21 +317,21 @@ def create_arguments(params: Mapping[str, str], size_gib: int) -> dict[str, obje
     return args
 
 
-def user_tags(params: Mapping[str, str]) -> dict[str, str]:
-    """Tags from tagSpecification_N plus the in-tree era `kubernetes.io/created-for/*` tags."""
-    tags: dict[str, str] = {}
-    for key in sorted(params):
-        if key.startswith(TAG_PREFIX):
-            name, value = _tag(key, params[key])
-            tags[name] = value
-    for key, suffix in (
-        (keys.PVC_NAME, "pvc/name"),
-        (keys.PVC_NAMESPACE, "pvc/namespace"),
-        (keys.PV_NAME, "pv/name"),
-    ):
-        if params.get(key):
-            tags[TAG_CREATED_FOR + suffix] = params[key]
-    return tags
+def spec_tags(
+    params: Mapping[str, str],
+    fields: Mapping[str, str] = VOLUME_FIELDS,
+    metadata: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """Tags from the tagSpecification_N keys of `params`, placeholders (`fields`) filled from `metadata`."""
+    return dict(
+        _tag(key, params[key], fields, metadata) for key in sorted(params) if key.startswith(TAG_PREFIX)
+    )
+
+
+def created_for_tags(metadata: Mapping[str, str]) -> dict[str, str]:
+    """The in-tree era `kubernetes.io/created-for/*` tags of a claim (DiskOptions.metadata)."""
+    named = ((keys.PVC_NAME, "pvc/name"), (keys.PVC_NAMESPACE, "pvc/namespace"), (keys.PV_NAME, "pv/name"))
+    return {TAG_CREATED_FOR + suffix: metadata[key] for key, suffix in named if metadata.get(key)}
 
 
 def modify_arguments(

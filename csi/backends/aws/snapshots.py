@@ -1,8 +1,9 @@
 """EBS snapshots, idempotent by their `CSIVolumeSnapshotName` tag (looked up under a per-name lock, by
 the literal name: `*` and `?` in it are no wildcards, filters.py).
 
-`tagSpecification_N` snapshot parameters become snapshot tags, as for volumes; `csi.storage.k8s.io/`
-keys are ignored; anything else is an unknown parameter.
+`tagSpecification_N` snapshot parameters become snapshot tags, as for volumes but without placeholders
+(an action in a value is INVALID_ARGUMENT, tagvalues.py); `csi.storage.k8s.io/` keys are ignored;
+anything else is an unknown parameter.
 
 Accessibility: an EBS snapshot lives in the region and restores into any of its zones. A CreateSnapshot
 with requisite topology promises the requested zones of this region (kept in the TAG_ACCESSIBLE_ZONES
@@ -21,6 +22,7 @@ from csi.backends.aws.ec2 import Ec2
 from csi.backends.aws.filters import tag_filter, tagged_exactly
 from csi.backends.aws.params import TAG_ACCESSIBLE_ZONES
 from csi.backends.aws.records import tag_spec, tags, to_snapshot
+from csi.backends.aws.tagvalues import NO_FIELDS
 from csi.backends.aws.zones import Zones
 from csi.backends.base import Page, Snapshot, seek_page
 from csi.failures import AlreadyExistsError, InvalidParameterError, NotFoundError, OutOfCapacityError
@@ -30,13 +32,13 @@ DESCRIPTION = "Created by ebs.csi.aws.com-compatible Ballast for {name}"
 
 
 def _snapshot_tags(name: str, parameters: Mapping[str, str]) -> dict[str, str]:
-    out = {P.TAG_SNAPSHOT_NAME: name, P.TAG_DRIVER: "true"}
+    specs = {}
     for key, value in parameters.items():
         if key.lower().startswith(P.TAG_PREFIX.lower()):
-            out.update(P.user_tags({P.TAG_PREFIX + key[len(P.TAG_PREFIX) :]: value}))
+            specs[P.TAG_PREFIX + key[len(P.TAG_PREFIX) :]] = value
         elif not key.startswith(keys.PREFIX_K8S):
             raise InvalidParameterError(f"unknown snapshot parameter {key!r} for the EBS backend")
-    return out
+    return {P.TAG_SNAPSHOT_NAME: name, P.TAG_DRIVER: "true", **P.spec_tags(specs, NO_FIELDS)}
 
 
 class EbsSnapshots:

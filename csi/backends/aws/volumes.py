@@ -141,11 +141,12 @@ class VolumeCreator:
                     f"multi-node access needs EBS Multi-Attach: type io2 (or io1), not {params[P.TYPE]}"
                 )
             args["MultiAttachEnabled"] = True
-        user_tags = P.user_tags(params)
+        user_tags = P.spec_tags(params, metadata=options.metadata)  # compared when the name exists
         tags = {
             P.TAG_VOLUME_NAME: name,
             P.TAG_DRIVER: "true",
             **user_tags,
+            **P.created_for_tags(options.metadata),  # the claim's: not held against an existing volume
             **{P.TAG_CONTEXT_PREFIX + k: v for k, v in options.context.items()},
         }
         return Request(args, tags, user_tags)
