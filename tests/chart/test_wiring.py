@@ -154,6 +154,14 @@ def test_controller_sidecars_elect_a_leader(set_id: str) -> None:
         assert flag_values(args, "--leader-election-namespace") == ["kube-system"], name
 
 
+def test_only_the_provisioner_passes_the_claim_to_the_driver(set_id: str) -> None:
+    """The claim's names become aws tags (DiskOptions.metadata); the driver reads no snapshot's."""
+    sidecars = containers(only(render(set_id), "Deployment"))
+    assert "--extra-create-metadata" in resolved_args(sidecars["csi-provisioner"])
+    snapshotter = sidecars.get("csi-snapshotter")
+    assert snapshotter is None or "--extra-create-metadata" not in resolved_args(snapshotter)
+
+
 @pytest.mark.parametrize(
     ("set_id", "replicas"),
     [
