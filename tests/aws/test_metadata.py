@@ -5,10 +5,12 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 
 from csi.backends.aws import AwsBackend
+from csi.backends.aws.devices import INSTANCE_STORE_MODEL, DeviceFinder
 from csi.backends.aws.metadata import (
     DEFAULT_LIMIT,
     XEN_LIMIT,
@@ -169,6 +171,46 @@ def test_node_limit_is_recomputed_on_every_call(
     assert backend.node_identity().max_volumes == DEFAULT_LIMIT
     monkeypatch.setitem(METADATA, "network/interfaces/macs/", "0a:00/\n0a:01/")
     assert backend.node_identity().max_volumes == DEFAULT_LIMIT - 1
+
+
+def nvme_controllers(root: Path, *models: str) -> DeviceFinder:
+    """A fake node whose NVMe controllers report these models in sysfs."""
+    for i, model in enumerate(models):
+        (root / f"sys/class/nvme/nvme{i}").mkdir(parents=True)
+        (root / f"sys/class/nvme/nvme{i}/model").write_text(model.ljust(40) + "\n")  # sysfs pads it
+    return DeviceFinder(root=str(root), timeout=0, udev_lookup=lambda s: None)
+
+
+def test_the_node_counts_its_nvme_instance_store_volumes(tmp_path: Path) -> None:
+    ebs = "Amazon Elastic Block Store"
+    finder = nvme_controllers(tmp_path, ebs, INSTANCE_STORE_MODEL, ebs, INSTANCE_STORE_MODEL)
+    assert finder.instance_stores() == 2
+    assert DeviceFinder(root=str(tmp_path / "none")).instance_stores() == 0
+
+
+@pytest.mark.parametrize(
+    ("instance_type", "expected"),
+    [
+        pytest.param("m5d.large", DEFAULT_LIMIT - 2, id="shared-limit-loses-a-slot-per-store"),
+        pytest.param("m7i.large", 31, id="dedicated-limit-keeps-them"),
+    ],
+)
+def test_instance_store_volumes_take_slots_where_the_limit_is_shared(
+    imds: Imds,
+    monkeypatch: pytest.MonkeyPatch,
+    make_backend: Callable[..., AwsBackend],
+    tmp_path: Path,
+    instance_type: str,
+    expected: int,
+) -> None:
+    """AWS: on Nitro types without a dedicated EBS limit, NVMe instance store volumes share the 28
+    slots with EBS volumes and network interfaces; NodeGetInfo must not promise their slots."""
+    monkeypatch.setitem(METADATA, "instance-type", instance_type)
+    monkeypatch.setitem(METADATA, "block-device-mapping/", "ami\nroot")
+    monkeypatch.setitem(METADATA, "network/interfaces/macs/", "0a:00/")
+    finder = nvme_controllers(tmp_path, INSTANCE_STORE_MODEL, INSTANCE_STORE_MODEL)
+    backend = make_backend(imds=imds, zone="us-east-1a", device_finder=finder)
+    assert backend.node_identity().max_volumes == expected
 
 
 def test_configured_limit_is_not_recomputed(imds: Imds, make_backend: Callable[..., AwsBackend]) -> None:

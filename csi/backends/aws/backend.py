@@ -336,13 +336,16 @@ class AwsBackend(SnapshotDelegation, Backend):
 
     def node_identity(self) -> NodeIdentity:
         """Instance id, zone (both zone keys) and attach limit; overrides first, then IMDSv2. Without an
-        override the limit is recomputed on every call (free_attach_slots): NodeGetInfo reports the
-        slots free now, and kubelet re-reads it (CSIDriver nodeAllocatableUpdatePeriodSeconds)."""
+        override the limit is recomputed on every call (free_attach_slots, with the NVMe instance store
+        volumes this node sees): NodeGetInfo reports the slots free now, and kubelet re-reads it
+        (CSIDriver nodeAllocatableUpdatePeriodSeconds)."""
         where = self._where()
         max_volumes = where.max_volumes
         if where.instance_type and self._imds is not None:
             try:
-                max_volumes = free_attach_slots(self._imds, where.instance_type)
+                max_volumes = free_attach_slots(
+                    self._imds, where.instance_type, self._devices.instance_stores()
+                )
             except FailedPreconditionError as exc:
                 log.warning("attach limit not recomputed, keeping %d: %s", max_volumes, exc)
         return NodeIdentity(

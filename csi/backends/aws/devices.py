@@ -24,6 +24,7 @@ from csi import keys
 from csi.failures import FailedPreconditionError, LimitExceededError, NotFoundError
 
 BY_ID_PREFIX = "nvme-Amazon_Elastic_Block_Store_"
+INSTANCE_STORE_MODEL = "Amazon EC2 NVMe Instance Storage"  # the NVMe model of an instance store volume
 DEVICE_PREFIX = "/dev/xvd"
 # /dev/xvdba .. /dev/xvdzz: two-letter names, clear of the root device's /dev/xvda and /dev/sda1.
 CANDIDATES = tuple(
@@ -96,6 +97,17 @@ class DeviceFinder:
     def _visible(self, host: Path) -> str:
         """Device path as the node sees it (without the fake root)."""
         return "/" + str(host.relative_to(self.root)) if self.root != Path("/") else str(host)
+
+    def instance_stores(self) -> int:
+        """NVMe instance store volumes of this instance (sysfs model of each NVMe controller): on types
+        with a shared attachment limit each takes a slot an EBS volume cannot have."""
+        found = 0
+        for model in self._host("/sys/class/nvme").glob("*/model"):
+            try:
+                found += model.read_text().strip() == INSTANCE_STORE_MODEL
+            except OSError:
+                continue
+        return found
 
     def serial(self, device: Path) -> str | None:
         """Serial of a block device from sysfs, None when the device has none (not NVMe)."""
