@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from botocore.exceptions import EndpointConnectionError
 
 from csi.backends.aws import AwsBackend
 from csi.backends.aws.devices import DeviceFinder
@@ -108,6 +109,21 @@ def inject_errors(
 
     client.meta.events.register(f"before-call.ec2.{operation}", fail)
     return codes
+
+
+def lose_answers(client: Any, operation: str, times: int) -> list[None]:
+    """The next `times` calls of `operation` (CamelCase) reach moto and take effect, then their answer is
+    lost on the way back (a connection error after the request was served). Returns the list, which
+    empties as answers are lost."""
+    left: list[None] = [None] * times
+
+    def lose(**kwargs: Any) -> None:
+        if left:
+            left.pop()
+            raise EndpointConnectionError(endpoint_url="injected: answer lost")
+
+    client.meta.events.register(f"after-call.ec2.{operation}", lose)
+    return left
 
 
 def inject_responses(client: Any, operation: str, responses: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -18,7 +18,7 @@ from csi.failures import (
     LimitExceededError,
     NotFoundError,
 )
-from tests.aws.conftest import OTHER_ZONE, inject_errors
+from tests.aws.conftest import OTHER_ZONE, inject_errors, lose_answers
 from tests.motoserver import ZONE, run_instance
 
 EBS_ZONE = "topology.ebs.csi.aws.com/zone"
@@ -178,6 +178,18 @@ def test_snapshot_is_idempotent_by_name(backend: AwsBackend, ec2: Any) -> None:
     described = ec2.describe_snapshots(SnapshotIds=[snap.id])["Snapshots"][0]
     assert {t["Key"]: t["Value"] for t in described["Tags"]}["CSIVolumeSnapshotName"] == "snap-a"
     assert {t["Key"]: t["Value"] for t in described["Tags"]}["team"] == "storage"
+
+
+def test_a_create_snapshot_whose_answer_is_lost_makes_one_snapshot(backend: AwsBackend, ec2: Any) -> None:
+    """CreateSnapshot takes no client token: when EC2 made the snapshot and its answer was lost, the
+    retry finds it by its name tag instead of making a second one, which nobody would ever delete."""
+    vid = volume(backend, "pvc-1")
+    lost = lose_answers(backend.ec2.client, "CreateSnapshot", 1)
+    snap = backend.create_snapshot("snap-lost", vid, {})
+    assert lost == [], "the answer was not lost: the test proves nothing"
+    made = ec2.describe_snapshots(OwnerIds=["self"])["Snapshots"]
+    assert [s["SnapshotId"] for s in made] == [snap.id]
+    assert backend.ec2.retry_counts().get("create_snapshot") == 1
 
 
 def test_snapshot_name_reused_for_another_volume_already_exists(backend: AwsBackend) -> None:

@@ -84,6 +84,22 @@ class Ec2:
 
     def call(self, operation: str, **params: Any) -> dict[str, Any]:
         """Invoke `client.<operation>(**params)` (operation in snake_case) and return the response."""
+        return self._call(operation, params, None)
+
+    def call_once(
+        self, operation: str, landed: Callable[[], dict[str, Any] | None], **params: Any
+    ) -> dict[str, Any]:
+        """`call` for an operation EC2 cannot make idempotent (CreateSnapshot takes no client token):
+        before each retry `landed()` is asked whether the failed attempt took effect after all (its
+        answer lost on the way back); what it returns is the response, and nothing is tried again."""
+        return self._call(operation, params, landed)
+
+    def _call(
+        self,
+        operation: str,
+        params: dict[str, Any],
+        landed: Callable[[], dict[str, Any] | None] | None,
+    ) -> dict[str, Any]:
         method = getattr(self.client, operation)
         delays = self.backoff.delays()
         while True:
@@ -111,6 +127,9 @@ class Ec2:
             with self._lock:
                 self.retried[operation] += 1
             self._sleep(delays.pop(0))
+            if landed is not None and (found := landed()) is not None:
+                log.info("EC2 %s: the failed attempt took effect; not repeated", operation)
+                return found
 
     def describe_all(self, operation: str, key: str, **params: Any) -> list[dict[str, Any]]:
         """Every item of a filtered listing, `page_size` per request (EC2's MaxResults; without it a large

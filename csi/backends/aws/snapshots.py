@@ -76,31 +76,30 @@ class EbsSnapshots:
         if zones:
             snapshot_tags[TAG_ACCESSIBLE_ZONES] = ",".join(zones)
         with self._locks.hold(name):
-            found = self._named(name)
-            if found:
-                snap = to_snapshot(min(found, key=lambda s: s["SnapshotId"]), self._zone_key)
-                if snap.source_volume_id != vid:
-                    raise AlreadyExistsError(
-                        f"snapshot {name!r} already exists as {snap.id} of volume {snap.source_volume_id}"
-                    )
-                return snap
-            created = self._ec2.call(
+            record = self._named(name) or self._ec2.call_once(
                 "create_snapshot",
+                lambda: self._named(name),  # no client token: a lost answer must not make two
                 VolumeId=vid,
                 Description=DESCRIPTION.format(name=name),
                 TagSpecifications=tag_spec("snapshot", snapshot_tags),
             )
-            return to_snapshot(created, self._zone_key)
+            snap = to_snapshot(record, self._zone_key)
+            if snap.source_volume_id != vid:
+                raise AlreadyExistsError(
+                    f"snapshot {name!r} already exists as {snap.id} of volume {snap.source_volume_id}"
+                )
+            return snap
 
-    def _named(self, name: str) -> list[dict[str, Any]]:
-        """This account's snapshots whose name tag is exactly `name`."""
+    def _named(self, name: str) -> dict[str, Any] | None:
+        """The oldest of this account's snapshots whose name tag is exactly `name`, or None."""
         found = self._ec2.describe_all(
             "describe_snapshots",
             "Snapshots",
             Filters=[tag_filter(P.TAG_SNAPSHOT_NAME, name)],
             OwnerIds=["self"],
         )
-        return tagged_exactly(found, P.TAG_SNAPSHOT_NAME, name)
+        named = tagged_exactly(found, P.TAG_SNAPSHOT_NAME, name)
+        return min(named, key=lambda s: s["SnapshotId"]) if named else None
 
     def delete(self, snapshot_id: str) -> None:
         self._ec2.call("delete_snapshot", SnapshotId=P.snapshot_id(snapshot_id))
