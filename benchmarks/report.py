@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import REPO, RESULTS
-from csi.filesystems import zeroed_flags
+from csi.filesystems import mke2fs_version, zeroed_flags
 
 DOC = REPO / "docs" / "performance.md"
 PLOTS = "img"  # under docs/: docs/img/perf-*.png
@@ -555,7 +555,8 @@ def section_mount_anatomy(node: Result) -> list[str]:
 
 
 def section_node(node: Result, plots: dict[str, str]) -> list[str]:
-    xfs_zeroed, ext_zeroed = (" ".join(zeroed_flags(fs, (1, 47, 0))) for fs in ("xfs", "ext4"))
+    mke2fs = mke2fs_version(node.get("tools").get("mkfs.ext4", ""))  # the benchmark's, not this host's
+    xfs_zeroed, ext_zeroed = (" ".join(zeroed_flags(fs, mke2fs)) for fs in ("xfs", "ext4"))
     out = [
         "## Node cycle (`bench_node`, root)",
         "",

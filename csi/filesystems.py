@@ -234,6 +234,13 @@ _EXT4_CLUSTER: MkfsTable = {keys.EXT4_CLUSTER_SIZE: ("-C", "", power_of_two(1024
 VOLUME_ATTRIBUTE = "volume attribute"
 
 
+def mke2fs_version(said: str) -> tuple[int, ...]:
+    """The version in what `mkfs.ext* -V` printed ("mke2fs 1.47.0 (5-Feb-2023)" -> (1, 47, 0)); (0,)
+    when it names none."""
+    found = re.search(r"mke2fs (\d+)\.(\d+)(?:\.(\d+))?", said)
+    return tuple(int(n or 0) for n in found.groups()) if found else (0,)
+
+
 def zeroed_flags(fs_type: str, mke2fs_version: tuple[int, ...]) -> list[str]:
     """mkfs flags for a device that reads zeros everywhere (a volume never written): there is nothing
     to discard (xfs -K, ext* -E nodiscard), and with mke2fs 1.47.0 or later nothing to zero either

@@ -32,6 +32,7 @@ from csi.filesystems import (
     MS_REMOUNT,
     SECURITY_OPTIONS,
     VFS_FLAGS,
+    mke2fs_version,
     mkfs_argv,
     split_flags,
     zeroed_flags,
@@ -286,8 +287,7 @@ class Mounter:
             return (0,)
         if self._mke2fs is None:
             said = self.runner([f"mkfs.{fs_type}", "-V"], timeout=60)
-            found = re.search(r"mke2fs (\d+)\.(\d+)(?:\.(\d+))?", said.stderr + said.stdout)
-            self._mke2fs = tuple(int(n or 0) for n in found.groups()) if found else (0,)
+            self._mke2fs = mke2fs_version(said.stderr + said.stdout)
         return self._mke2fs
 
     def fsck(self, device: str, fs_type: str, *, full: bool = False) -> None:

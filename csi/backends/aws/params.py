@@ -31,7 +31,7 @@ LEGACY_FS_TYPE = "fstype"  # deprecated in the EBS driver; the filesystem comes 
 _CANONICAL = {
     k.lower(): k for k in (TYPE, IOPS, IOPS_PER_GB, ALLOW_AUTO_IOPS, THROUGHPUT, ENCRYPTED, KMS_KEY_ID)
 }
-_PASS_THROUGH = {k.lower(): k for k in (*keys.FORMAT_KEYS, keys.PVC_NAME, keys.PVC_NAMESPACE, keys.PV_NAME)}
+_PASS_THROUGH = {k.lower(): k for k in keys.FORMAT_KEYS}  # and every csi.storage.k8s.io/ key
 MUTABLE_KEYS = (TYPE, IOPS, THROUGHPUT)
 
 DEFAULT_TYPE = "gp3"
