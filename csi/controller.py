@@ -15,6 +15,7 @@ import contextlib
 
 import grpc
 
+from csi import keys
 from csi._proto import csi_pb2, csi_pb2_grpc
 from csi.backends.base import Backend, ContentSource, Disk, DiskOptions, SourceKind
 from csi.capabilities import CRPC, Capabilities
@@ -31,9 +32,9 @@ from csi.validation import (
     check_capability_form,
     check_ids,
     check_string,
-    claim_metadata,
     is_block,
     require,
+    sidecar_metadata,
     split_parameters,
     strip_k8s_keys,
 )
@@ -124,7 +125,7 @@ class ControllerService(ControllerHealthRPCs, csi_pb2_grpc.ControllerServicer):
             source=self._source(request),
             multi_node=any(c.access_mode.mode in MULTI_NODE_MODES for c in caps),
             block=any(is_block(c) for c in caps),
-            metadata=claim_metadata(request.parameters),
+            metadata=sidecar_metadata(request.parameters, keys.CLAIM_METADATA),
         )
         with self._inflight.hold(f"create:{request.name}"):
             disk = self._backend.create_volume(request.name, options)
@@ -330,11 +331,12 @@ class ControllerService(ControllerHealthRPCs, csi_pb2_grpc.ControllerServicer):
             )
         requisite = [dict(t.segments) for t in request.accessibility_requirements.requisite]
         args = (request.name, request.source_volume_id, strip_k8s_keys(request.parameters))
+        metadata = sidecar_metadata(request.parameters, keys.SNAPSHOT_METADATA)
         with self._inflight.hold(f"snapshot:{request.name}"):
             if requisite:
-                snap = self._backend.create_snapshot(*args, requisite=requisite)
+                snap = self._backend.create_snapshot(*args, requisite=requisite, metadata=metadata)
             else:
-                snap = self._backend.create_snapshot(*args)
+                snap = self._backend.create_snapshot(*args, metadata=metadata)
         return csi_pb2.CreateSnapshotResponse(snapshot=snapshot_message(snap))
 
     def DeleteSnapshot(

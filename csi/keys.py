@@ -15,6 +15,11 @@ PVC_NAME = "csi.storage.k8s.io/pvc/name"  # added by --extra-create-metadata; us
 PVC_NAMESPACE = "csi.storage.k8s.io/pvc/namespace"
 PV_NAME = "csi.storage.k8s.io/pv/name"
 CLAIM_METADATA = (PVC_NAME, PVC_NAMESPACE, PV_NAME)  # what DiskOptions.metadata carries to the backend
+# VolumeSnapshotClass parameters the external-snapshotter adds with --extra-create-metadata
+VOLUMESNAPSHOT_NAME = "csi.storage.k8s.io/volumesnapshot/name"
+VOLUMESNAPSHOT_NAMESPACE = "csi.storage.k8s.io/volumesnapshot/namespace"
+VOLUMESNAPSHOT_CONTENT_NAME = "csi.storage.k8s.io/volumesnapshotcontent/name"
+SNAPSHOT_METADATA = (VOLUMESNAPSHOT_NAME, VOLUMESNAPSHOT_NAMESPACE, VOLUMESNAPSHOT_CONTENT_NAME)
 
 # mkfs options: validated at CreateVolume, carried in volume_context under the same key, validated
 # again on the node before they reach an mkfs argv.

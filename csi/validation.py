@@ -241,10 +241,10 @@ def split_parameters(
     return context, rest
 
 
-def claim_metadata(parameters: Mapping[str, str]) -> dict[str, str]:
-    """The claim's identity among CreateVolume parameters (keys.CLAIM_METADATA, passed by the
-    external-provisioner with --extra-create-metadata), for DiskOptions.metadata."""
-    return {k: parameters[k] for k in keys.CLAIM_METADATA if parameters.get(k)}
+def sidecar_metadata(parameters: Mapping[str, str], names: Iterable[str]) -> dict[str, str]:
+    """The object names a sidecar passes among the parameters with --extra-create-metadata
+    (keys.CLAIM_METADATA, keys.SNAPSHOT_METADATA), those of `names` that are set."""
+    return {k: parameters[k] for k in names if parameters.get(k)}
 
 
 def check_format(context: Mapping[str, str], caps: Iterable[csi_pb2.VolumeCapability]) -> None:

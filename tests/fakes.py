@@ -27,6 +27,7 @@ from typing import Any
 from csi import failures, keys
 from csi.backends import base
 from csi.backends.base import (
+    EMPTY,
     Attachment,
     BackendCapabilities,
     BlockMap,
@@ -327,8 +328,11 @@ class FakeBackend(base.Backend):
         source_volume_id: str,
         parameters: Mapping[str, str],
         requisite: Sequence[Mapping[str, str]] = (),
+        metadata: Mapping[str, str] = EMPTY,
     ) -> Snapshot:
-        self._enter("create_snapshot", name, source_volume_id, dict(parameters), tuple(requisite))
+        self._enter(
+            "create_snapshot", name, source_volume_id, dict(parameters), tuple(requisite), dict(metadata)
+        )
         if requisite and not any(all(self.topology.get(k) == v for k, v in s.items()) for s in requisite):
             raise OutOfCapacityError("no requisite topology segment is served by this backend")
         with self._lock:

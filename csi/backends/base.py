@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from csi.config import Config
 
 # The default of every mapping field: shared by all instances, so it must not be mutable.
-_EMPTY: Mapping[str, str] = MappingProxyType({})
+EMPTY: Mapping[str, str] = MappingProxyType({})
 
 GiB = 1024**3
 MiB = 1024**2
@@ -50,7 +50,7 @@ class Attachment(NamedTuple):
 
     node_id: str
     readonly: bool = False
-    publish_context: Mapping[str, str] = _EMPTY
+    publish_context: Mapping[str, str] = EMPTY
 
 
 class DiskOptions(NamedTuple):
@@ -67,15 +67,15 @@ class DiskOptions(NamedTuple):
     """
 
     size_bytes: int
-    parameters: Mapping[str, str] = _EMPTY
-    context: Mapping[str, str] = _EMPTY
-    mutable_parameters: Mapping[str, str] = _EMPTY
+    parameters: Mapping[str, str] = EMPTY
+    context: Mapping[str, str] = EMPTY
+    mutable_parameters: Mapping[str, str] = EMPTY
     requisite: Sequence[Mapping[str, str]] = ()
     preferred: Sequence[Mapping[str, str]] = ()
     source: ContentSource | None = None
     multi_node: bool = False
     block: bool = False
-    metadata: Mapping[str, str] = _EMPTY
+    metadata: Mapping[str, str] = EMPTY
 
 
 class Disk(NamedTuple):
@@ -84,9 +84,9 @@ class Disk(NamedTuple):
     id: str
     name: str
     size_bytes: int
-    topology: Mapping[str, str] = _EMPTY
-    parameters: Mapping[str, str] = _EMPTY
-    volume_context: Mapping[str, str] = _EMPTY
+    topology: Mapping[str, str] = EMPTY
+    parameters: Mapping[str, str] = EMPTY
+    volume_context: Mapping[str, str] = EMPTY
     source: ContentSource | None = None
     attachments: Sequence[Attachment] = ()
     multi_node: bool = False
@@ -121,7 +121,7 @@ class NodeIdentity(NamedTuple):
 
     node_id: str
     max_volumes: int
-    topology: Mapping[str, str] = _EMPTY
+    topology: Mapping[str, str] = EMPTY
 
 
 class BackendCapabilities(NamedTuple):
@@ -273,9 +273,14 @@ class Backend(Reporting, abc.ABC):
         source_volume_id: str,
         parameters: Mapping[str, str],
         requisite: Sequence[Mapping[str, str]] = (),
+        metadata: Mapping[str, str] = EMPTY,
     ) -> Snapshot:
         """Idempotent by name: same name and source return the existing snapshot; another source ->
         AlreadyExistsError. Missing source -> NotFoundError. No space -> OutOfCapacityError.
+
+        `metadata` holds the VolumeSnapshot's names as the external-snapshotter passes them with
+        --extra-create-metadata (keys.SNAPSHOT_METADATA; absent without the flag), for a backend that
+        labels what it creates (aws: tag templates); it is no parameter.
 
         `requisite` (passed, as a keyword, only to a backend with `snapshot_topology` and only when the
         request has accessibility requirements): the snapshot must be restorable in one of those

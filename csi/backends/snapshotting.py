@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from csi.backends.base import Page, Snapshot
+from csi.backends.base import EMPTY, Page, Snapshot
 
 
 class SnapshotStore(Protocol):
@@ -19,6 +19,7 @@ class SnapshotStore(Protocol):
         source_volume_id: str,
         parameters: Mapping[str, str],
         requisite: Sequence[Mapping[str, str]],
+        metadata: Mapping[str, str],
     ) -> Snapshot: ...
 
     def delete(self, snapshot_id: str) -> None: ...
@@ -41,8 +42,9 @@ class SnapshotDelegation:
         source_volume_id: str,
         parameters: Mapping[str, str],
         requisite: Sequence[Mapping[str, str]] = (),
+        metadata: Mapping[str, str] = EMPTY,
     ) -> Snapshot:
-        return self._snapshots.create(name, source_volume_id, parameters, requisite)
+        return self._snapshots.create(name, source_volume_id, parameters, requisite, metadata)
 
     def delete_snapshot(self, snapshot_id: str) -> None:
         self._snapshots.delete(snapshot_id)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from csi.backends.aws import params as P
+from csi.backends.aws.tagvalues import VOLUME_FIELDS
 from csi.failures import InvalidParameterError, NotFoundError, OutOfRangeError
 
 
@@ -192,4 +193,6 @@ def test_the_claim_gives_the_in_tree_era_tags() -> None:
         "kubernetes.io/created-for/pvc/name": "data",
         "kubernetes.io/created-for/pv/name": "pv-1",
     }
-    assert P.spec_tags({"tagSpecification_1": "team = storage"}, metadata=metadata) == {"team": "storage"}
+    assert P.spec_tags({"tagSpecification_1": "team = storage"}, VOLUME_FIELDS, metadata) == {
+        "team": "storage"
+    }

@@ -474,6 +474,8 @@ def test_snapshot_lifecycle(env: Env) -> None:
     )
     snap = env.ctl.CreateSnapshot(req, CTX).snapshot
     assert snap.ready_to_use and snap.size_bytes == vol.capacity_bytes and snap.creation_time.seconds > 0
+    (_, params, _, metadata) = next(args[1:] for name, args in env.backend.calls if name == "create_snapshot")
+    assert (params, metadata) == ({}, {keys.VOLUMESNAPSHOT_NAME: "x"}), "the VolumeSnapshot's name, apart"
     assert env.ctl.CreateSnapshot(req, CTX).snapshot.snapshot_id == snap.snapshot_id
     other = env.create("other")
     clash = csi_pb2.CreateSnapshotRequest(name="snap", source_volume_id=other.volume_id)

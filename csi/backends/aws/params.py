@@ -14,7 +14,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from csi import keys
-from csi.backends.aws.tagvalues import VOLUME_FIELDS, interpolate
+from csi.backends.aws.tagvalues import VOLUME_FIELDS, parse
 from csi.failures import InvalidParameterError, NotFoundError, OutOfRangeError
 
 # ---- canonical parameter keys
@@ -135,17 +135,18 @@ def _bool(key: str, value: str) -> bool:
 
 
 def _tag(
-    key: str, value: str, fields: Mapping[str, str] = VOLUME_FIELDS, params: Mapping[str, str] | None = None
+    key: str, value: str, fields: Mapping[str, str] = VOLUME_FIELDS, metadata: Mapping[str, str] | None = None
 ) -> tuple[str, str]:
-    """(name, value) of a `tagSpecification_<n>` parameter, its placeholders filled from `params`
-    (tagvalues.py; None: only checked)."""
+    """(name, value) of a `tagSpecification_<n>` parameter, its template rendered over the sidecar's
+    `metadata` (tagvalues.py; None: only checked, the value left empty)."""
     name, sep, tag_value = value.partition("=")
     name = name.strip()
     if not sep or not name:
         raise InvalidParameterError(f"parameter {key}: expected key=value, got {value!r}")
     if reserved_tag(name):
         raise InvalidParameterError(f"parameter {key}: tag key {name!r} is reserved for the driver or AWS")
-    return name, interpolate(key, tag_value.strip(), fields, params or {})
+    template = parse(key, tag_value.strip(), fields)
+    return name, "" if metadata is None else template.render(metadata)
 
 
 def _check_type(value: str) -> str:
@@ -318,11 +319,10 @@ def create_arguments(params: Mapping[str, str], size_gib: int) -> dict[str, obje
 
 
 def spec_tags(
-    params: Mapping[str, str],
-    fields: Mapping[str, str] = VOLUME_FIELDS,
-    metadata: Mapping[str, str] | None = None,
+    params: Mapping[str, str], fields: Mapping[str, str], metadata: Mapping[str, str]
 ) -> dict[str, str]:
-    """Tags from the tagSpecification_N keys of `params`, placeholders (`fields`) filled from `metadata`."""
+    """Tags from the tagSpecification_N keys of `params`, their templates over `fields` (tagvalues.py)
+    rendered with the sidecar's `metadata`."""
     return dict(
         _tag(key, params[key], fields, metadata) for key in sorted(params) if key.startswith(TAG_PREFIX)
     )

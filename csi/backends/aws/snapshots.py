@@ -1,9 +1,10 @@
 """EBS snapshots, idempotent by their `CSIVolumeSnapshotName` tag (looked up under a per-name lock, by
 the literal name: `*` and `?` in it are no wildcards, filters.py).
 
-`tagSpecification_N` snapshot parameters become snapshot tags, as for volumes but without placeholders
-(an action in a value is INVALID_ARGUMENT, tagvalues.py); `csi.storage.k8s.io/` keys are ignored;
-anything else is an unknown parameter.
+`tagSpecification_N` snapshot parameters become snapshot tags, as for volumes, their templates over the
+VolumeSnapshot's names (SNAPSHOT_FIELDS: the `metadata` the external-snapshotter passes with
+--extra-create-metadata, tagvalues.py); anything else is an unknown parameter. The tags of a snapshot
+that exists by name are not compared: a retried CreateSnapshot answers with it.
 
 Accessibility: an EBS snapshot lives in the region and restores into any of its zones. A CreateSnapshot
 with requisite topology promises the requested zones of this region (kept in the TAG_ACCESSIBLE_ZONES
@@ -15,30 +16,29 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from csi import keys
 from csi.backends.aws import params as P
 from csi.backends.aws.clones import TAG_CLONE_SCRATCH
 from csi.backends.aws.ec2 import Ec2
 from csi.backends.aws.filters import tag_filter, tagged_exactly
 from csi.backends.aws.params import TAG_ACCESSIBLE_ZONES
 from csi.backends.aws.records import tag_spec, tags, to_snapshot
-from csi.backends.aws.tagvalues import NO_FIELDS
+from csi.backends.aws.tagvalues import SNAPSHOT_FIELDS
 from csi.backends.aws.zones import Zones
-from csi.backends.base import Page, Snapshot, seek_page
+from csi.backends.base import EMPTY, Page, Snapshot, seek_page
 from csi.failures import AlreadyExistsError, InvalidParameterError, NotFoundError, OutOfCapacityError
 from csi.keylocks import KeyedLocks
 
 DESCRIPTION = "Created by ebs.csi.aws.com-compatible Ballast for {name}"
 
 
-def _snapshot_tags(name: str, parameters: Mapping[str, str]) -> dict[str, str]:
+def _snapshot_tags(name: str, parameters: Mapping[str, str], metadata: Mapping[str, str]) -> dict[str, str]:
     specs = {}
     for key, value in parameters.items():
         if key.lower().startswith(P.TAG_PREFIX.lower()):
             specs[P.TAG_PREFIX + key[len(P.TAG_PREFIX) :]] = value
-        elif not key.startswith(keys.PREFIX_K8S):
+        else:
             raise InvalidParameterError(f"unknown snapshot parameter {key!r} for the EBS backend")
-    return {P.TAG_SNAPSHOT_NAME: name, P.TAG_DRIVER: "true", **P.spec_tags(specs, NO_FIELDS)}
+    return {P.TAG_SNAPSHOT_NAME: name, P.TAG_DRIVER: "true", **P.spec_tags(specs, SNAPSHOT_FIELDS, metadata)}
 
 
 class EbsSnapshots:
@@ -68,10 +68,11 @@ class EbsSnapshots:
         source_volume_id: str,
         parameters: Mapping[str, str],
         requisite: Sequence[Mapping[str, str]] = (),
+        metadata: Mapping[str, str] = EMPTY,
     ) -> Snapshot:
         """Idempotent by name; the same name for another source -> AlreadyExistsError."""
         vid = P.volume_id(source_volume_id)
-        snapshot_tags = _snapshot_tags(name, parameters)
+        snapshot_tags = _snapshot_tags(name, parameters, metadata)
         zones = self._accessible(requisite)
         if zones:
             snapshot_tags[TAG_ACCESSIBLE_ZONES] = ",".join(zones)

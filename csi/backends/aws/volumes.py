@@ -22,6 +22,7 @@ from csi.backends.aws.clones import ScratchSnapshots
 from csi.backends.aws.ec2 import Ec2
 from csi.backends.aws.errors import IdempotentParameterMismatchError, UnsupportedActionError
 from csi.backends.aws.records import tag_spec
+from csi.backends.aws.tagvalues import VOLUME_FIELDS
 from csi.backends.aws.zones import Zones
 from csi.backends.base import ContentSource, Disk, DiskOptions, GiB, SourceKind
 from csi.failures import (
@@ -141,7 +142,7 @@ class VolumeCreator:
                     f"multi-node access needs EBS Multi-Attach: type io2 (or io1), not {params[P.TYPE]}"
                 )
             args["MultiAttachEnabled"] = True
-        user_tags = P.spec_tags(params, metadata=options.metadata)  # compared when the name exists
+        user_tags = P.spec_tags(params, VOLUME_FIELDS, options.metadata)  # compared when the name exists
         tags = {
             P.TAG_VOLUME_NAME: name,
             P.TAG_DRIVER: "true",

@@ -25,7 +25,7 @@ import logging
 import time
 from collections.abc import Iterator, Mapping, Sequence
 
-from csi.backends.base import GroupSnapshot, Page, Snapshot
+from csi.backends.base import EMPTY, GroupSnapshot, Page, Snapshot
 from csi.backends.local import files
 from csi.backends.local.layout import (
     GROUP_ID,
@@ -136,10 +136,12 @@ class LocalSnapshots:
         source_volume_id: str,
         parameters: Mapping[str, str],
         requisite: Sequence[Mapping[str, str]] = (),
+        metadata: Mapping[str, str] = EMPTY,
     ) -> Snapshot:
         """A name taken for the same volume returns that snapshot, whatever its `consistency` was (CSI
         compares the source volume alone: "ALREADY_EXISTS ... incompatible with the specified
-        `source_volume_id`"). A copy made piece by piece is made frozen (module docstring)."""
+        `source_volume_id`"). A copy made piece by piece is made frozen (module docstring). The
+        VolumeSnapshot's `metadata` labels nothing: a snapshot file carries no tags."""
         consistency = _consistency(SNAPSHOT, parameters)
         self._segment.check_requisite(requisite)
         existing = self._store.snapshot_by_name(name)
@@ -152,7 +154,7 @@ class LocalSnapshots:
         try:
             snap = self._take(name, source_volume_id, consistency)
         except NameTaken:
-            return self.create(name, source_volume_id, parameters, requisite)
+            return self.create(name, source_volume_id, parameters, requisite, metadata)
         failpoints.hit("local.snapshot.recorded")
         return self._record(snap)
 
