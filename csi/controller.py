@@ -12,6 +12,7 @@ are the backend's canonical ids, so two spellings of one volume are one key.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping
 
 import grpc
 
@@ -78,7 +79,9 @@ class ControllerService(ControllerHealthRPCs, csi_pb2_grpc.ControllerServicer):
         vid = self._backend.canonical_volume_id(volume_id)
         return (f"vol:{vid}", f"expand:{vid}", f"modify:{vid}")
 
-    def _mutable(self, parameters: dict[str, str]) -> dict[str, str]:
+    def _mutable(self, given: Mapping[str, str]) -> dict[str, str]:
+        """Validated mutable parameters, without the names a sidecar adds (csi.storage.k8s.io/)."""
+        parameters = strip_k8s_keys(given)
         if not parameters:
             return {}
         if CRPC.MODIFY_VOLUME not in self._caps.controller:
@@ -119,7 +122,7 @@ class ControllerService(ControllerHealthRPCs, csi_pb2_grpc.ControllerServicer):
             size_bytes=size,
             parameters=self._backend.validate_parameters(rest),
             context=volume_context,
-            mutable_parameters=self._mutable(dict(request.mutable_parameters)),
+            mutable_parameters=self._mutable(request.mutable_parameters),
             requisite=[dict(t.segments) for t in request.accessibility_requirements.requisite],
             preferred=[dict(t.segments) for t in request.accessibility_requirements.preferred],
             source=self._source(request),
@@ -195,7 +198,7 @@ class ControllerService(ControllerHealthRPCs, csi_pb2_grpc.ControllerServicer):
             _, rest = split_parameters(request.parameters, caps)
             self._backend.validate_parameters(rest)
             if request.mutable_parameters:
-                self._mutable(dict(request.mutable_parameters))
+                self._mutable(request.mutable_parameters)
         except InvalidParameterError as exc:
             return csi_pb2.ValidateVolumeCapabilitiesResponse(message=str(exc))
         Confirmed = csi_pb2.ValidateVolumeCapabilitiesResponse.Confirmed
@@ -309,7 +312,11 @@ class ControllerService(ControllerHealthRPCs, csi_pb2_grpc.ControllerServicer):
         require(request.mutable_parameters, "mutable_parameters")  # spec: REQUIRED
         with self._inflight.hold(self._modification_key(request.volume_id, "modify")):
             self._backend.get_volume(request.volume_id)
-            self._backend.modify_volume(request.volume_id, self._mutable(dict(request.mutable_parameters)))
+            self._backend.modify_volume(
+                request.volume_id,
+                self._mutable(request.mutable_parameters),
+                metadata=sidecar_metadata(request.mutable_parameters, keys.CLAIM_METADATA),
+            )
         return csi_pb2.ControllerModifyVolumeResponse()
 
     # ---- snapshots

@@ -273,8 +273,10 @@ class FakeBackend(base.Backend):
             self.volumes[volume_id] = disk._replace(size_bytes=size_bytes)
             return size_bytes
 
-    def modify_volume(self, volume_id: str, mutable_parameters: Mapping[str, str]) -> Disk:
-        self._enter("modify_volume", volume_id, dict(mutable_parameters))
+    def modify_volume(
+        self, volume_id: str, mutable_parameters: Mapping[str, str], metadata: Mapping[str, str] = EMPTY
+    ) -> Disk:
+        self._enter("modify_volume", volume_id, dict(mutable_parameters), dict(metadata))
         with self._lock:
             disk = self._volume(volume_id)
             disk = disk._replace(parameters={**disk.parameters, **mutable_parameters})

@@ -243,8 +243,12 @@ class Backend(Reporting, abc.ABC):
         included: disks never shrink) -> the current size, nothing changes. A size past what the backend
         allows -> OutOfRangeError. Missing -> NotFoundError."""
 
-    def modify_volume(self, volume_id: str, mutable_parameters: Mapping[str, str]) -> Disk:
-        """Apply validated mutable parameters all-or-nothing. Missing -> NotFoundError."""
+    def modify_volume(
+        self, volume_id: str, mutable_parameters: Mapping[str, str], metadata: Mapping[str, str] = EMPTY
+    ) -> Disk:
+        """Apply validated mutable parameters all-or-nothing. Missing -> NotFoundError. `metadata`: the
+        claim's names as the external-resizer passes them with --extra-modify-metadata
+        (keys.CLAIM_METADATA), for a backend that labels its volumes (aws: tag templates)."""
         raise InvalidParameterError("this backend cannot modify volumes")
 
     def get_capacity(self, parameters: Mapping[str, str], topology: Mapping[str, str] | None) -> int:

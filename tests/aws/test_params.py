@@ -80,6 +80,11 @@ def test_validate_rejects_naming_the_problem(given: dict[str, str], names: str) 
     [
         pytest.param({"type": "io2", "iops": "3000"}, {"type": "io2", "iops": "3000"}, id="type-iops"),
         pytest.param({"Throughput": "300"}, {"throughput": "300"}, id="throughput"),
+        pytest.param(
+            {"TagSpecification_1": "team = {{ .PVCNamespace }}", "tagdeletion_2": " old "},
+            {"tagSpecification_1": "team = {{ .PVCNamespace }}", "tagDeletion_2": "old"},
+            id="tag-changes",
+        ),
     ],
 )
 def test_validate_mutable(given: dict[str, str], expected: dict[str, str]) -> None:
@@ -92,10 +97,16 @@ def test_validate_mutable(given: dict[str, str], expected: dict[str, str]) -> No
         pytest.param({"encrypted": "true"}, id="immutable-key"),
         pytest.param({"type": "gp9"}, id="bad-type"),
         pytest.param({"iops": "-1"}, id="bad-iops"),
+        pytest.param({"tagDeletion_1": " "}, id="deletion-of-no-key"),
+        pytest.param({"tagDeletion_1": "CSIVolumeName"}, id="deletion-of-the-drivers-tag"),
+        pytest.param({"tagDeletion_1": "aws:cloudformation:stack-id"}, id="deletion-of-an-aws-tag"),
+        pytest.param({"tagSpecification_1": "a={{ .PVCName | printf }}"}, id="template-go-refuses"),
+        pytest.param({"tagSpecification_1": "a=1", "tagDeletion_1": "a"}, id="set-and-deleted"),
+        pytest.param({"tagDeletion_1": "a", "TagDeletion_1": "b"}, id="given-twice"),
     ],
 )
 def test_validate_mutable_rejects(given: dict[str, str]) -> None:
-    with pytest.raises(InvalidParameterError):
+    with pytest.raises(InvalidParameterError, match=r"tag|twice|gp9|iops|encrypted"):
         P.validate_mutable(given)
 
 

@@ -155,12 +155,17 @@ def test_controller_sidecars_elect_a_leader(set_id: str) -> None:
 
 
 def test_the_sidecars_pass_the_names_tag_templates_read(set_id: str) -> None:
-    """The claim's and the VolumeSnapshot's names fill aws tag templates (DiskOptions.metadata,
-    create_snapshot's metadata)."""
+    """The claim's and the VolumeSnapshot's names fill aws tag templates (DiskOptions.metadata, the
+    metadata of create_snapshot and modify_volume)."""
     sidecars = containers(only(render(set_id), "Deployment"))
-    for name in ("csi-provisioner", "csi-snapshotter"):
+    flags = {
+        "csi-provisioner": "--extra-create-metadata",
+        "csi-snapshotter": "--extra-create-metadata",
+        "csi-resizer": "--extra-modify-metadata",
+    }
+    for name, flag in flags.items():
         if name in sidecars:
-            assert "--extra-create-metadata" in resolved_args(sidecars[name]), name
+            assert flag in resolved_args(sidecars[name]), name
     assert "csi-provisioner" in sidecars
 
 

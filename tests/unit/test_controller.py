@@ -606,6 +606,16 @@ def test_modify_volume(env: Env, params: dict[str, str], code: Code, after: dict
     assert dict(env.backend.volumes[vol.volume_id].parameters) == after
 
 
+def test_modify_volume_passes_the_resizers_names_apart(env: Env) -> None:
+    """--extra-modify-metadata adds the claim's names to mutable_parameters: metadata, not parameters."""
+    vol = env.create()
+    given = {"iops": "300", keys.PVC_NAME: "db", keys.PV_NAME: "pvc-1"}
+    req = csi_pb2.ControllerModifyVolumeRequest(volume_id=vol.volume_id, mutable_parameters=given)
+    env.ctl.ControllerModifyVolume(req, CTX)
+    (_, params, metadata) = next(args for name, args in env.backend.calls if name == "modify_volume")
+    assert (params, metadata) == ({"iops": "300"}, {keys.PVC_NAME: "db", keys.PV_NAME: "pvc-1"})
+
+
 def test_modify_volume_missing(env: Env) -> None:
     req = csi_pb2.ControllerModifyVolumeRequest(volume_id="fv-x", mutable_parameters={"iops": "1"})
     assert code_of(env.ctl.ControllerModifyVolume, req) == Code.NOT_FOUND

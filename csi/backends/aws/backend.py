@@ -2,10 +2,10 @@
 
 The work is split by resource: volumes.py (create, clone; idempotent by the `CSIVolumeName` tag and a
 name-derived client token), attachments.py, snapshots.py, zones.py (placement), records.py (EC2 records
-as Disk/Snapshot), health.py (DescribeVolumeStatus), cbt.py (changed blocks, EBS direct APIs). Handles
-are EC2 ids; the in-tree forms `aws://zone/vol-...` and `aws:///vol-...` are accepted everywhere and
-normalised to `vol-...` (params.volume_id). Every EC2 request goes through ec2.Ec2 (throttling retried,
-error codes mapped once).
+as Disk/Snapshot), retag.py (a VolumeAttributesClass's tag changes), health.py (DescribeVolumeStatus),
+cbt.py (changed blocks, EBS direct APIs). Handles are EC2 ids; the in-tree forms `aws://zone/vol-...`
+and `aws:///vol-...` are accepted everywhere and normalised to `vol-...` (params.volume_id). Every EC2
+request goes through ec2.Ec2 (throttling retried, error codes mapped once).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 from csi import keys
 from csi.backends.aws import params as P
-from csi.backends.aws import records
+from csi.backends.aws import records, retag
 from csi.backends.aws.attachments import Attacher
 from csi.backends.aws.cbt import EBS_BLOCK, EbsBlocks
 from csi.backends.aws.clones import ScratchSnapshots
@@ -33,6 +33,7 @@ from csi.backends.aws.snapshots import EbsSnapshots
 from csi.backends.aws.volumes import LIVE_VOLUME_STATES, VolumeCreator
 from csi.backends.aws.zones import Zones
 from csi.backends.base import (
+    EMPTY,
     Backend,
     BackendCapabilities,
     BlockMap,
@@ -260,9 +261,23 @@ class AwsBackend(SnapshotDelegation, Backend):
         -> current size, no modification. Missing -> NotFoundError."""
         return self._modifier.submit(P.volume_id(volume_id), size_bytes=size_bytes).size_bytes
 
-    def modify_volume(self, volume_id: str, mutable_parameters: Mapping[str, str]) -> Disk:
-        """Change type/iops/throughput, coalesced with a concurrent resize into one ModifyVolume."""
-        return self._modifier.submit(P.volume_id(volume_id), parameters=mutable_parameters)
+    def modify_volume(
+        self, volume_id: str, mutable_parameters: Mapping[str, str], metadata: Mapping[str, str] = EMPTY
+    ) -> Disk:
+        """Tag changes first (retag.py), then type/iops/throughput, coalesced with a concurrent resize
+        into one ModifyVolume. A template the claim cannot render, or settings the volume cannot take,
+        -> InvalidParameterError/OutOfRangeError before any tag changes."""
+        vid = P.volume_id(volume_id)
+        changes = retag.tag_changes(mutable_parameters, metadata)
+        settings = retag.settings(mutable_parameters)
+        if changes:
+            volume = self.ec2.describe_volume(vid)
+            if settings:
+                P.modify_arguments(volume, None, settings)  # its refusals, before the tags change
+            retag.apply(self.ec2, vid, changes, records.tags(volume))
+        if settings:
+            return self._modifier.submit(vid, parameters=settings)
+        return self._disk(self.ec2.describe_volume(vid))
 
     def _apply_modification(self, vid: str, change: Modification) -> Disk:
         """One ModifyVolume for a coalesced batch, waited for until EC2 reports it optimizing."""

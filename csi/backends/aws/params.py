@@ -26,6 +26,7 @@ THROUGHPUT = "throughput"
 ENCRYPTED = "encrypted"
 KMS_KEY_ID = "kmsKeyId"
 TAG_PREFIX = "tagSpecification_"
+TAG_DELETION_PREFIX = "tagDeletion_"  # VolumeAttributesClass only: the value is a tag key to remove
 LEGACY_FS_TYPE = "fstype"  # deprecated in the EBS driver; the filesystem comes from the capability
 
 _CANONICAL = {
@@ -225,17 +226,46 @@ def _check_throughput(out: Mapping[str, str], kind: str) -> None:
         raise InvalidParameterError(f"parameter {THROUGHPUT}: gp3 allows {low}..{high} MiB/s, got {mibs}")
 
 
+def _deleted_tag(key: str, value: str) -> tuple[str, str]:
+    name = value.strip()
+    if not name:
+        raise InvalidParameterError(f"parameter {key}: expected the key of the tag to delete")
+    if reserved_tag(name):
+        raise InvalidParameterError(f"parameter {key}: tag key {name!r} is reserved for the driver or AWS")
+    return name, ""
+
+
+def _mutable_key(key: str) -> str:
+    lowered = key.lower()
+    for prefix in (TAG_PREFIX, TAG_DELETION_PREFIX):
+        if lowered.startswith(prefix.lower()):
+            return prefix + key[len(prefix) :]
+    canonical = _CANONICAL.get(lowered)
+    if canonical not in MUTABLE_KEYS:
+        raise InvalidParameterError(
+            f"mutable parameter {key!r} is not supported by the EBS backend "
+            f"(supported: {', '.join(MUTABLE_KEYS)}, {TAG_PREFIX}<n>, {TAG_DELETION_PREFIX}<n>)"
+        )
+    return canonical
+
+
 def validate_mutable(parameters: Mapping[str, str]) -> dict[str, str]:
-    """Canonical VolumeAttributesClass parameters: `type`, `iops`, `throughput` only."""
+    """Canonical VolumeAttributesClass parameters: `type`, `iops`, `throughput`, and tag changes:
+    `tagSpecification_<n>` (key=template, as in a StorageClass) sets a tag, `tagDeletion_<n>` (a tag
+    key) removes one; a key both set and removed -> InvalidParameterError."""
     out: dict[str, str] = {}
+    changed: dict[str, list[str]] = {TAG_PREFIX: [], TAG_DELETION_PREFIX: []}
     for key, value in parameters.items():
-        canonical = _CANONICAL.get(key.lower())
-        if canonical not in MUTABLE_KEYS:
-            raise InvalidParameterError(
-                f"mutable parameter {key!r} is not supported by the EBS backend "
-                f"(supported: {', '.join(MUTABLE_KEYS)})"
-            )
+        canonical = _mutable_key(key)
+        if canonical in out:
+            raise InvalidParameterError(f"parameter {key!r} is given twice (keys are case-insensitive)")
+        for prefix, check in ((TAG_PREFIX, _tag), (TAG_DELETION_PREFIX, _deleted_tag)):
+            if canonical.startswith(prefix):
+                changed[prefix].append(check(key, value)[0])
         out[canonical] = value.strip()
+    both = sorted(set(changed[TAG_PREFIX]) & set(changed[TAG_DELETION_PREFIX]))
+    if both:
+        raise InvalidParameterError(f"tag(s) {', '.join(both)} both set and deleted by one class")
     if TYPE in out:
         out[TYPE] = _check_type(out[TYPE])
     for key in (IOPS, THROUGHPUT):

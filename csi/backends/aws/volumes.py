@@ -52,11 +52,14 @@ def client_token(name: str, attempt: int = 0) -> str:
 
 
 def create_parameters(options: DiskOptions) -> dict[str, str]:
-    """The StorageClass parameters with the mutable ones applied on top (explicit iops wins)."""
+    """The StorageClass parameters with the mutable ones applied on top (explicit iops wins; a
+    tagDeletion_<n> has nothing to remove from a new volume)."""
     params = dict(options.parameters)
     if P.IOPS in options.mutable_parameters:
         params.pop(P.IOPS_PER_GB, None)
-    params.update(options.mutable_parameters)
+    params.update(
+        (k, v) for k, v in options.mutable_parameters.items() if not k.startswith(P.TAG_DELETION_PREFIX)
+    )
     params.setdefault(P.TYPE, P.DEFAULT_TYPE)
     return params
 

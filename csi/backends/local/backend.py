@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 from csi import keys
 from csi.backends.base import (
+    EMPTY,
     Backend,
     BackendCapabilities,
     Disk,
@@ -336,7 +337,10 @@ class LocalBackend(LocalReporting, SnapshotOperations, Backend):
             failpoints.hit("local.expand.grown")
             return size_bytes
 
-    def modify_volume(self, volume_id: str, mutable_parameters: Mapping[str, str]) -> Disk:
+    def modify_volume(
+        self, volume_id: str, mutable_parameters: Mapping[str, str], metadata: Mapping[str, str] = EMPTY
+    ) -> Disk:
+        """The claim's `metadata` labels nothing: a volume file carries no tags."""
         with self._locks.hold(volume_id):
             row = self._row(volume_id)
             self.store.set_mutable(volume_id, {**row.mutable, **mutable_parameters})
