@@ -11,7 +11,8 @@ import argparse
 import functools
 import os
 import socket
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from csi import backend_registry as registry
@@ -55,6 +56,8 @@ class BackendConfig(NamedTuple):
     aws_region: str = ""
     aws_endpoint_url: str = ""
     aws_describe_batch_window: float = 0.0  # seconds; 0: every Describe lookup is its own call
+    aws_extra_tags: Mapping[str, str] = MappingProxyType({})  # on every volume and snapshot made
+    aws_k8s_tag_cluster_id: str = ""  # "": no cluster tags
 
 
 class NodeConfig(NamedTuple):
@@ -218,6 +221,20 @@ def _aws_flags(be: argparse._ArgumentGroup) -> None:
         help="aws backend: seconds (0 to 0.5) concurrent Describe lookups of volumes and instances wait to "
         "share one EC2 call; 0 = off [BALLAST_AWS_DESCRIBE_BATCH_WINDOW] (default: 0)",
     )
+    be.add_argument(
+        "--aws-extra-tags",
+        type=flagtypes.key_values,
+        default=EnvDefault("BALLAST_AWS_EXTRA_TAGS", ""),
+        help="aws backend: key=value,... tags for every volume and snapshot it makes; a class's "
+        "tagSpecification_<n> wins [BALLAST_AWS_EXTRA_TAGS]",
+    )
+    be.add_argument(
+        "--aws-k8s-tag-cluster-id",
+        default=EnvDefault("BALLAST_AWS_K8S_TAG_CLUSTER_ID", ""),
+        help="aws backend: cluster id X; volumes and snapshots get kubernetes.io/cluster/X=owned, "
+        "Name=X-dynamic-<name> and (volumes) KubernetesCluster=X; empty = none "
+        "[BALLAST_AWS_K8S_TAG_CLUSTER_ID]",
+    )
 
 
 def _metadata_flags(md: argparse._ArgumentGroup) -> None:
@@ -304,6 +321,8 @@ def from_namespace(ns: argparse.Namespace) -> Config:
             aws_region=ns.aws_region,
             aws_endpoint_url=ns.aws_endpoint_url,
             aws_describe_batch_window=ns.aws_describe_batch_window,
+            aws_extra_tags=ns.aws_extra_tags,
+            aws_k8s_tag_cluster_id=ns.aws_k8s_tag_cluster_id,
         ),
         node=NodeConfig(
             node_id=ns.node_id or socket.gethostname(),

@@ -102,6 +102,20 @@ def batch_window(text: str) -> float:
     return value
 
 
+def key_values(text: str) -> dict[str, str]:
+    """`key=value,key2=value2` (white space around keys and values dropped); "" -> {}."""
+    out: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise argparse.ArgumentTypeError(f"expected key=value[,key=value...], got {item!r}")
+        if key in out:
+            raise argparse.ArgumentTypeError(f"{key!r} is given twice")
+        out[key] = value.strip()
+    return out
+
+
 def block_size(text: str) -> int:
     value = size(text)
     if value and (value & (value - 1) or not 4096 <= value <= 1024**2):

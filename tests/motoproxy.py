@@ -72,6 +72,8 @@ class MotoProxy:
         self._random = random.Random(seed)
         self.calls: Counter[str] = Counter()
         self.refused: Counter[str] = Counter()
+        self.peak: Counter[str] = Counter()  # most delayed calls of an action held at once
+        self._held: Counter[str] = Counter()
         self.endpoint = ""
         self._tokens: dict[tuple[str, str], tuple[int, dict[str, str], bytes]] = {}
         self._token_locks: dict[tuple[str, str], threading.Lock] = {}
@@ -107,6 +109,7 @@ class MotoProxy:
             self._rules = _Rules()
             self.calls.clear()
             self.refused.clear()
+            self.peak.clear()
 
     # ---- serving (called from the handler threads)
 
@@ -126,7 +129,7 @@ class MotoProxy:
         if canned is not None:
             return 200, {"Content-Type": "text/xml"}, canned.encode()
         if delay:
-            time.sleep(delay)
+            self._hold_for(action, delay)
         token = fields.get("ClientToken", "") if action == "CreateVolume" else ""
         if token:
             return self._idempotent(
@@ -140,6 +143,17 @@ class MotoProxy:
                     payload.decode(), int(fields["MaxResults"]), fields.get("NextToken", "")
                 ).encode()
         return status, out_headers, payload
+
+    def _hold_for(self, action: str, delay: float) -> None:
+        """Sleep `delay`, counting how many calls of `action` sleep at once (`peak`)."""
+        with self._lock:
+            self._held[action] += 1
+            self.peak[action] = max(self.peak[action], self._held[action])
+        try:
+            time.sleep(delay)
+        finally:
+            with self._lock:
+                self._held[action] -= 1
 
     def _idempotent(
         self, key: tuple[str, str], method: str, path: str, headers: dict[str, str], body: bytes

@@ -5,7 +5,6 @@ instead of being waited on, while the answers that mean "already detached" are n
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -75,13 +74,11 @@ def test_concurrent_publishes_to_one_node_never_pass_its_attach_limit(
     for vid in before:
         backend.attach(vid, instance, False)
     proxy.delay("AttachVolume", ATTACH_DELAY)
-    started = time.monotonic()
     with ThreadPoolExecutor(racing) as pool:
         outcomes = list(pool.map(lambda v: outcome(lambda: backend.attach(v, instance, False)), racers))
-    elapsed = time.monotonic() - started
     assert sorted(outcomes) == sorted(["ok"] * winners + ["LimitExceededError"] * (racing - winners))
     assert len(on_instance(ec2, instance)) == attached + winners
-    assert elapsed < 2 * ATTACH_DELAY, f"the attaches did not overlap at EC2 ({elapsed:.2f} s)"
+    assert proxy.peak["AttachVolume"] == winners, "the attaches that fit overlap at EC2"
 
     # every reservation was given back, a failed attach's too: one slot freed is one attach possible
     backend.detach(next(v for v, o in zip(racers, outcomes, strict=True) if o == "ok"), instance)

@@ -31,6 +31,8 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
                 "region": "eu-west-1",
                 "credentialsSecret": {"name": "aws-secret"},
                 "describeBatchWindow": "0.1",
+                "extraTags": {"team": "storage", "cost-center": "a b"},
+                "k8sTagClusterId": "prod-1",
             },
         },
         "controller": {

@@ -25,8 +25,10 @@ def test_rendered_driver_args_parse(set_id: str, kind: str) -> None:
         assert config.node.allowed_path_prefixes == tuple(values["node"]["allowedPathPrefixes"])
     if values["backend"]["name"] == "local":
         assert config.backend.data_dir == values["backend"]["local"]["dataDir"]
-    window = values["backend"]["aws"]["describeBatchWindow"]
-    assert config.backend.aws_describe_batch_window == float(window or 0)
+    aws = values["backend"]["aws"]
+    assert config.backend.aws_describe_batch_window == float(aws["describeBatchWindow"] or 0)
+    assert config.backend.aws_extra_tags == aws.get("extraTags", {})
+    assert config.backend.aws_k8s_tag_cluster_id == aws.get("k8sTagClusterId", "")
 
 
 def test_every_rendered_driver_flag_exists() -> None:

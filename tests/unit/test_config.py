@@ -182,6 +182,8 @@ def test_bad_flags_exit_2_naming_the_flag(
             "--aws-describe-batch-window",
             id="batch-window-too-long",
         ),
+        pytest.param("BALLAST_AWS_EXTRA_TAGS", "team", "--aws-extra-tags", id="extra-tag-without-value"),
+        pytest.param("BALLAST_AWS_EXTRA_TAGS", "a=1,a=2", "--aws-extra-tags", id="extra-tag-twice"),
         pytest.param(
             "BALLAST_SNAPSHOT_METADATA_BLOCK_SIZE",
             "3Ki",

@@ -117,6 +117,16 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- with .Values.backend.aws.describeBatchWindow }}
 - --aws-describe-batch-window={{ . }}
 {{- end }}
+{{- with .Values.backend.aws.extraTags }}
+{{- $pairs := list }}
+{{- range $key, $value := . }}
+{{- $pairs = append $pairs (printf "%s=%s" $key $value) }}
+{{- end }}
+- {{ printf "--aws-extra-tags=%s" (join "," $pairs) | quote }}
+{{- end }}
+{{- with .Values.backend.aws.k8sTagClusterId }}
+- --aws-k8s-tag-cluster-id={{ . }}
+{{- end }}
 {{- end }}
 {{- end -}}
 

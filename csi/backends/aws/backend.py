@@ -29,6 +29,7 @@ from csi.backends.aws.ec2 import PAGE_SIZE, Backoff, Ec2
 from csi.backends.aws.health import EbsHealth
 from csi.backends.aws.listing import Listings
 from csi.backends.aws.metadata import Imds, Placement, free_attach_slots, resolve_placement
+from csi.backends.aws.ownertags import OwnerTags
 from csi.backends.aws.snapshots import EbsSnapshots
 from csi.backends.aws.volumes import LIVE_VOLUME_STATES, VolumeCreator
 from csi.backends.aws.zones import Zones
@@ -110,6 +111,7 @@ class AwsBackend(SnapshotDelegation, Backend):
         sleep: Callable[[float], None] = time.sleep,
         page_size: int = PAGE_SIZE,
         describe_batch_window: float = 0.0,
+        owner_tags: OwnerTags | None = None,
     ) -> None:
         self.ec2 = Ec2(client, backoff, sleep, wait_timeout, page_size, describe_batch_window)
         self.zone_key = keys.topology_zone_key(driver_name)
@@ -120,10 +122,11 @@ class AwsBackend(SnapshotDelegation, Backend):
         self._controller = controller
         self._devices = device_finder or DeviceFinder()
         zones = Zones(self.ec2, self.zone_key, zone)
-        self._creator = VolumeCreator(self.ec2, zones, self.zone_key)
+        owner = (owner_tags or OwnerTags()).check()
+        self._creator = VolumeCreator(self.ec2, zones, self.zone_key, owner)
         self._attacher = Attacher(self.ec2, max_volumes)
-        self._scratch = ScratchSnapshots(self.ec2)
-        self._snapshots = EbsSnapshots(self.ec2, zones, self.zone_key)
+        self._scratch = ScratchSnapshots(self.ec2, owner)
+        self._snapshots = EbsSnapshots(self.ec2, zones, self.zone_key, owner)
         self._health = EbsHealth(self.ec2)
         self.ebs = Ec2(ebs_client, backoff, sleep, wait_timeout) if ebs_client is not None else None
         self._blocks = EbsBlocks(self.ec2, self.ebs) if self.ebs is not None else None
@@ -178,6 +181,7 @@ class AwsBackend(SnapshotDelegation, Backend):
             imds=imds,
             controller=config.runs_controller,
             describe_batch_window=config.backend.aws_describe_batch_window,
+            owner_tags=OwnerTags(config.backend.aws_extra_tags, config.backend.aws_k8s_tag_cluster_id),
         )
 
     # ------------------------------------------------------------------ lifecycle

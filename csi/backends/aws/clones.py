@@ -20,6 +20,7 @@ from typing import Any
 from csi.backends.aws import params as P
 from csi.backends.aws.ec2 import Ec2
 from csi.backends.aws.filters import tag_filter, tagged_exactly
+from csi.backends.aws.ownertags import OwnerTags
 from csi.backends.aws.records import tag_spec
 from csi.failures import DriverError, NotFoundError, TransientError
 from shim import failpoints
@@ -30,8 +31,9 @@ TAG_CLONE_SCRATCH = "ballast.dev/clone-scratch"  # on scratch snapshots: the nam
 class ScratchSnapshots:
     """The scratch snapshots of clones made through snapshots."""
 
-    def __init__(self, ec2: Ec2) -> None:
+    def __init__(self, ec2: Ec2, owner: OwnerTags) -> None:
         self._ec2 = ec2
+        self._owner = owner
 
     def clone(self, name: str, source_id: str, restore: Callable[[str], str]) -> str:
         """The volume `restore(snapshot id)` creates from a completed scratch snapshot of `source_id`,
@@ -80,7 +82,9 @@ class ScratchSnapshots:
             "create_snapshot",
             VolumeId=source_id,
             Description=f"scratch snapshot for {name}, a clone of {source_id}; deleted once it is made",
-            TagSpecifications=tag_spec("snapshot", {P.TAG_DRIVER: "true", TAG_CLONE_SCRATCH: name}),
+            TagSpecifications=tag_spec(
+                "snapshot", {**self._owner.snapshot(name), P.TAG_DRIVER: "true", TAG_CLONE_SCRATCH: name}
+            ),
         )
         failpoints.hit("aws.clone.snapshotted")
         return str(created["SnapshotId"])

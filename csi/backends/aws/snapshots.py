@@ -20,6 +20,7 @@ from csi.backends.aws import params as P
 from csi.backends.aws.clones import TAG_CLONE_SCRATCH
 from csi.backends.aws.ec2 import Ec2
 from csi.backends.aws.filters import tag_filter, tagged_exactly
+from csi.backends.aws.ownertags import OwnerTags
 from csi.backends.aws.params import TAG_ACCESSIBLE_ZONES
 from csi.backends.aws.records import tag_spec, tags, to_snapshot
 from csi.backends.aws.tagvalues import SNAPSHOT_FIELDS
@@ -31,21 +32,25 @@ from csi.keylocks import KeyedLocks
 DESCRIPTION = "Created by ebs.csi.aws.com-compatible Ballast for {name}"
 
 
-def _snapshot_tags(name: str, parameters: Mapping[str, str], metadata: Mapping[str, str]) -> dict[str, str]:
+def _snapshot_tags(
+    name: str, parameters: Mapping[str, str], metadata: Mapping[str, str], owner: OwnerTags
+) -> dict[str, str]:
     specs = {}
     for key, value in parameters.items():
         if key.lower().startswith(P.TAG_PREFIX.lower()):
             specs[P.TAG_PREFIX + key[len(P.TAG_PREFIX) :]] = value
         else:
             raise InvalidParameterError(f"unknown snapshot parameter {key!r} for the EBS backend")
-    return {P.TAG_SNAPSHOT_NAME: name, P.TAG_DRIVER: "true", **P.spec_tags(specs, SNAPSHOT_FIELDS, metadata)}
+    user = P.spec_tags(specs, SNAPSHOT_FIELDS, metadata)
+    return {**owner.snapshot(name), **user, P.TAG_SNAPSHOT_NAME: name, P.TAG_DRIVER: "true"}
 
 
 class EbsSnapshots:
-    def __init__(self, ec2: Ec2, zones: Zones, zone_key: str) -> None:
+    def __init__(self, ec2: Ec2, zones: Zones, zone_key: str, owner: OwnerTags) -> None:
         self._ec2 = ec2
         self._zones = zones
         self._zone_key = zone_key
+        self._owner = owner
         self._locks = KeyedLocks()
 
     def _accessible(self, requisite: Sequence[Mapping[str, str]]) -> list[str]:
@@ -72,7 +77,7 @@ class EbsSnapshots:
     ) -> Snapshot:
         """Idempotent by name; the same name for another source -> AlreadyExistsError."""
         vid = P.volume_id(source_volume_id)
-        snapshot_tags = _snapshot_tags(name, parameters, metadata)
+        snapshot_tags = _snapshot_tags(name, parameters, metadata, self._owner)
         zones = self._accessible(requisite)
         if zones:
             snapshot_tags[TAG_ACCESSIBLE_ZONES] = ",".join(zones)

@@ -21,6 +21,7 @@ from csi.backends.aws.batching import grouped
 from csi.backends.aws.clones import ScratchSnapshots
 from csi.backends.aws.ec2 import Ec2
 from csi.backends.aws.errors import IdempotentParameterMismatchError, UnsupportedActionError
+from csi.backends.aws.ownertags import OwnerTags
 from csi.backends.aws.records import tag_spec
 from csi.backends.aws.tagvalues import VOLUME_FIELDS
 from csi.backends.aws.zones import Zones
@@ -117,10 +118,11 @@ def fixed_differences(
 class VolumeCreator:
     """The CreateVolume path of the aws backend."""
 
-    def __init__(self, ec2: Ec2, zones: Zones, zone_key: str) -> None:
+    def __init__(self, ec2: Ec2, zones: Zones, zone_key: str, owner: OwnerTags) -> None:
         self._ec2 = ec2
         self._zones = zones
         self._zone_key = zone_key
+        self._owner = owner
         self._locks = KeyedLocks()
         self._copy_volumes = True  # False once the endpoint answered that it lacks CopyVolumes
 
@@ -147,6 +149,7 @@ class VolumeCreator:
             args["MultiAttachEnabled"] = True
         user_tags = P.spec_tags(params, VOLUME_FIELDS, options.metadata)  # compared when the name exists
         tags = {
+            **self._owner.volume(name),  # the operator's: under the class's, not compared either
             P.TAG_VOLUME_NAME: name,
             P.TAG_DRIVER: "true",
             **user_tags,
@@ -364,7 +367,7 @@ class VolumeCreator:
             restored.update(self._with_token(name, options, request, send))
             return str(restored["VolumeId"])
 
-        ScratchSnapshots(self._ec2).clone(name, source["VolumeId"], restore)
+        ScratchSnapshots(self._ec2, self._owner).clone(name, source["VolumeId"], restore)
         return restored
 
     def wait_available(self, vid: str) -> dict[str, Any]:

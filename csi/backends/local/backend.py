@@ -25,15 +25,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, Self
 
 from csi import keys
-from csi.backends.base import (
-    EMPTY,
-    Backend,
-    BackendCapabilities,
-    Disk,
-    DiskOptions,
-    NodeIdentity,
-    Page,
-)
+from csi.backends.base import EMPTY, Backend, BackendCapabilities, Disk, DiskOptions, NodeIdentity, Page
 from csi.backends.local import contents, files, params, reaper, records, startup
 from csi.backends.local.cbt import BLOCK_SIZE, LocalBlocks
 from csi.backends.local.devices import LoopDevices
