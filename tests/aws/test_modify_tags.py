@@ -1,4 +1,4 @@
-"""A VolumeAttributesClass's tag changes on an existing EBS volume (csi/backends/aws/retag.py): set with
+"""A VolumeAttributesClass's tag changes on an existing EBS volume (csi/backends/aws/mutable.py): set with
 templates over the claim's names, removed by key, only what differs sent, nothing sent when a template
 cannot be rendered; and at creation the class's tags are the volume's first."""
 

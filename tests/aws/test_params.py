@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from csi.backends.aws import mutable
 from csi.backends.aws import params as P
 from csi.backends.aws.tagvalues import VOLUME_FIELDS
 from csi.failures import InvalidParameterError, NotFoundError, OutOfRangeError
@@ -45,6 +46,11 @@ from csi.failures import InvalidParameterError, NotFoundError, OutOfRangeError
         pytest.param({"type": "st1"}, {"type": "st1"}, id="st1"),
         pytest.param({"type": "sc1"}, {"type": "sc1"}, id="sc1"),
         pytest.param({"type": "standard"}, {"type": "standard"}, id="standard"),
+        pytest.param(
+            {"VolumeInitializationRate": " 0200"},
+            {"type": "gp3", "volumeInitializationRate": "200"},
+            id="initialization-rate",
+        ),
     ],
 )
 def test_validate_accepts(given: dict[str, str], expected: dict[str, str]) -> None:
@@ -68,6 +74,10 @@ def test_validate_accepts(given: dict[str, str], expected: dict[str, str]) -> No
         pytest.param({"tagSpecification_1": "aws:x=1"}, "reserved", id="tag-aws-prefix"),
         pytest.param({"tagSpecification_1": "CSIVolumeName=x"}, "reserved", id="tag-owned-by-driver"),
         pytest.param({"type": "gp3", "Type": "gp2"}, "twice", id="duplicate-key"),
+        pytest.param({"volumeInitializationRate": "99"}, r"100\.\.300", id="initialization-rate-low"),
+        pytest.param(
+            {"volumeInitializationRate": "fast"}, "volumeInitializationRate", id="rate-not-a-number"
+        ),
     ],
 )
 def test_validate_rejects_naming_the_problem(given: dict[str, str], names: str) -> None:
@@ -88,7 +98,7 @@ def test_validate_rejects_naming_the_problem(given: dict[str, str], names: str) 
     ],
 )
 def test_validate_mutable(given: dict[str, str], expected: dict[str, str]) -> None:
-    assert P.validate_mutable(given) == expected
+    assert mutable.validate(given) == expected
 
 
 @pytest.mark.parametrize(
@@ -107,7 +117,7 @@ def test_validate_mutable(given: dict[str, str], expected: dict[str, str]) -> No
 )
 def test_validate_mutable_rejects(given: dict[str, str]) -> None:
     with pytest.raises(InvalidParameterError, match=r"tag|twice|gp9|iops|encrypted"):
-        P.validate_mutable(given)
+        mutable.validate(given)
 
 
 @pytest.mark.parametrize(

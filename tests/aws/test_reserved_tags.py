@@ -17,11 +17,13 @@ from csi.failures import InvalidParameterError
 
 
 def _driver_tag_keys() -> dict[str, str]:
-    """Every tag key or key prefix params defines for the driver (TAG_PREFIX is a parameter prefix)."""
+    """Every tag key or key prefix params defines for the driver (TAG_PREFIX and TAG_DELETION_PREFIX
+    are parameter prefixes)."""
+    parameters = ("TAG_PREFIX", "TAG_DELETION_PREFIX")
     return {
         name: value
         for name, value in vars(P).items()
-        if name.startswith("TAG_") and name != "TAG_PREFIX" and isinstance(value, str)
+        if name.startswith("TAG_") and name not in parameters and isinstance(value, str)
     }
 
 

@@ -242,6 +242,19 @@ def test_restore_from_snapshot(backend: AwsBackend, ec2: Any) -> None:
     assert again.id == restored.id
 
 
+def test_only_restores_from_snapshots_send_the_initialization_rate(backend: AwsBackend) -> None:
+    """EC2 takes VolumeInitializationRate for a volume made from a snapshot and refuses it otherwise, so
+    one class serves empty claims, restores and clones (the latter through a scratch snapshot here)."""
+    sent = record_calls(backend.ec2.client, "CreateVolume")
+    rated = {"volumeInitializationRate": "250"}
+    source = backend.create_volume("pvc-src", opts(backend, parameters=rated))
+    snap = backend.create_snapshot("snap-src", source.id, {})
+    for name, kind, sid in (("pvc-r", SourceKind.SNAPSHOT, snap.id), ("pvc-c", SourceKind.VOLUME, source.id)):
+        backend.create_volume(name, opts(backend, parameters=rated, source=ContentSource(kind, sid)))
+    assert [call.get("VolumeInitializationRate") for call in sent] == [None, 250, 250]
+    assert [bool(call.get("SnapshotId")) for call in sent] == [False, True, True]
+
+
 def test_restore_smaller_than_snapshot_is_out_of_range(backend: AwsBackend) -> None:
     source = backend.create_volume("pvc-big", opts(backend, 8))
     snap = backend.create_snapshot("snap-big", source.id, {})

@@ -2,7 +2,7 @@
 
 The work is split by resource: volumes.py (create, clone; idempotent by the `CSIVolumeName` tag and a
 name-derived client token), attachments.py, snapshots.py, zones.py (placement), records.py (EC2 records
-as Disk/Snapshot), retag.py (a VolumeAttributesClass's tag changes), health.py (DescribeVolumeStatus),
+as Disk/Snapshot), mutable.py (VolumeAttributesClass parameters), health.py (DescribeVolumeStatus),
 cbt.py (changed blocks, EBS direct APIs). Handles are EC2 ids; the in-tree forms `aws://zone/vol-...`
 and `aws:///vol-...` are accepted everywhere and normalised to `vol-...` (params.volume_id). Every EC2
 request goes through ec2.Ec2 (throttling retried, error codes mapped once).
@@ -18,8 +18,8 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Self
 
 from csi import keys
+from csi.backends.aws import mutable, records
 from csi.backends.aws import params as P
-from csi.backends.aws import records, retag
 from csi.backends.aws.attachments import Attacher
 from csi.backends.aws.cbt import EBS_BLOCK, EbsBlocks
 from csi.backends.aws.clones import ScratchSnapshots
@@ -219,7 +219,7 @@ class AwsBackend(SnapshotDelegation, Backend):
         return P.validate(parameters)
 
     def validate_mutable_parameters(self, parameters: Mapping[str, str]) -> dict[str, str]:
-        return P.validate_mutable(parameters)
+        return mutable.validate(parameters)
 
     # ------------------------------------------------------------------ volumes
 
@@ -268,17 +268,17 @@ class AwsBackend(SnapshotDelegation, Backend):
     def modify_volume(
         self, volume_id: str, mutable_parameters: Mapping[str, str], metadata: Mapping[str, str] = EMPTY
     ) -> Disk:
-        """Tag changes first (retag.py), then type/iops/throughput, coalesced with a concurrent resize
+        """Tag changes first (mutable.py), then type/iops/throughput, coalesced with a concurrent resize
         into one ModifyVolume. A template the claim cannot render, or settings the volume cannot take,
         -> InvalidParameterError/OutOfRangeError before any tag changes."""
         vid = P.volume_id(volume_id)
-        changes = retag.tag_changes(mutable_parameters, metadata)
-        settings = retag.settings(mutable_parameters)
+        changes = mutable.tag_changes(mutable_parameters, metadata)
+        settings = mutable.settings(mutable_parameters)
         if changes:
             volume = self.ec2.describe_volume(vid)
             if settings:
                 P.modify_arguments(volume, None, settings)  # its refusals, before the tags change
-            retag.apply(self.ec2, vid, changes, records.tags(volume))
+            mutable.apply(self.ec2, vid, changes, records.tags(volume))
         if settings:
             return self._modifier.submit(vid, parameters=settings)
         return self._disk(self.ec2.describe_volume(vid))

@@ -25,15 +25,27 @@ ALLOW_AUTO_IOPS = "allowAutoIOPSPerGBIncrease"
 THROUGHPUT = "throughput"
 ENCRYPTED = "encrypted"
 KMS_KEY_ID = "kmsKeyId"
+INITIALIZATION_RATE = "volumeInitializationRate"  # MiB/s a restore reads its snapshot at
+INITIALIZATION_RATES = (100, 300)  # EC2's range
 TAG_PREFIX = "tagSpecification_"
 TAG_DELETION_PREFIX = "tagDeletion_"  # VolumeAttributesClass only: the value is a tag key to remove
 LEGACY_FS_TYPE = "fstype"  # deprecated in the EBS driver; the filesystem comes from the capability
 
 _CANONICAL = {
-    k.lower(): k for k in (TYPE, IOPS, IOPS_PER_GB, ALLOW_AUTO_IOPS, THROUGHPUT, ENCRYPTED, KMS_KEY_ID)
+    k.lower(): k
+    for k in (
+        TYPE,
+        IOPS,
+        IOPS_PER_GB,
+        ALLOW_AUTO_IOPS,
+        THROUGHPUT,
+        ENCRYPTED,
+        KMS_KEY_ID,
+        INITIALIZATION_RATE,
+    )
 }
 _PASS_THROUGH = {k.lower(): k for k in keys.FORMAT_KEYS}  # and every csi.storage.k8s.io/ key
-MUTABLE_KEYS = (TYPE, IOPS, THROUGHPUT)
+MUTABLE_KEYS = (TYPE, IOPS, THROUGHPUT)  # and tag changes (mutable.py)
 
 DEFAULT_TYPE = "gp3"
 
@@ -53,6 +65,11 @@ TAG_CONTEXT_PREFIX = TAG_NAMESPACE + "volume-context/"  # one tag per generic vo
 TAG_ACCESSIBLE_ZONES = TAG_NAMESPACE + "accessible-zones"
 RESERVED_TAGS = frozenset({TAG_VOLUME_NAME, TAG_SNAPSHOT_NAME, TAG_DRIVER, TAG_SOURCE_VOLUME})
 RESERVED_TAG_PREFIXES = (TAG_CREATED_FOR, TAG_NAMESPACE)
+
+
+def canonical_key(key: str) -> str | None:
+    """The canonical spelling of a known StorageClass key (keys are case-insensitive), or None."""
+    return _CANONICAL.get(key.lower())
 
 
 def reserved_tag(key: str) -> bool:
@@ -121,7 +138,7 @@ def snapshot_id(handle: str) -> str:
 # ---- parsing helpers
 
 
-def _int(key: str, value: str, minimum: int = 1) -> int:
+def whole_number(key: str, value: str, minimum: int = 1) -> int:
     text = value.strip()
     if not text.isdigit() or int(text) < minimum:
         raise InvalidParameterError(f"parameter {key}: expected a whole number >= {minimum}, got {value!r}")
@@ -135,7 +152,7 @@ def _bool(key: str, value: str) -> bool:
     return lowered == "true"
 
 
-def _tag(
+def tag_entry(
     key: str, value: str, fields: Mapping[str, str] = VOLUME_FIELDS, metadata: Mapping[str, str] | None = None
 ) -> tuple[str, str]:
     """(name, value) of a `tagSpecification_<n>` parameter, its template rendered over the sidecar's
@@ -150,7 +167,7 @@ def _tag(
     return name, "" if metadata is None else template.render(metadata)
 
 
-def _check_type(value: str) -> str:
+def check_type(value: str) -> str:
     lowered = value.strip().lower()
     if lowered not in VOLUME_TYPES:
         raise InvalidParameterError(
@@ -163,7 +180,7 @@ def validate(parameters: Mapping[str, str]) -> dict[str, str]:
     """Canonical, checked StorageClass parameters. Unknown keys and bad values raise
     InvalidParameterError naming the key. Format keys and `csi.storage.k8s.io/` keys pass through."""
     out = _canonical(parameters)
-    kind = _check_type(out.get(TYPE, DEFAULT_TYPE))
+    kind = check_type(out.get(TYPE, DEFAULT_TYPE))
     out[TYPE] = kind
     _check_iops(out, kind)
     _check_throughput(out, kind)
@@ -172,6 +189,14 @@ def validate(parameters: Mapping[str, str]) -> dict[str, str]:
             out[key] = str(_bool(key, out[key])).lower()
     if KMS_KEY_ID in out and out.get(ENCRYPTED) != "true":
         raise InvalidParameterError(f"parameter {KMS_KEY_ID} needs {ENCRYPTED}=true")
+    if INITIALIZATION_RATE in out:
+        low, high = INITIALIZATION_RATES
+        rate = whole_number(INITIALIZATION_RATE, out[INITIALIZATION_RATE])
+        if not low <= rate <= high:
+            raise InvalidParameterError(
+                f"parameter {INITIALIZATION_RATE}: EC2 allows {low}..{high} MiB/s, got {rate}"
+            )
+        out[INITIALIZATION_RATE] = str(rate)
     return out
 
 
@@ -189,7 +214,7 @@ def _canonical(parameters: Mapping[str, str]) -> dict[str, str]:
         if lowered in _CANONICAL:
             canonical = _CANONICAL[lowered]
         elif lowered.startswith(TAG_PREFIX.lower()):
-            _tag(key, value)
+            tag_entry(key, value)
             canonical = TAG_PREFIX + key[len(TAG_PREFIX) :]
         else:
             raise InvalidParameterError(f"unknown parameter {key!r} for the EBS backend")
@@ -207,7 +232,7 @@ def _check_iops(out: Mapping[str, str], kind: str) -> None:
         raise InvalidParameterError(f"parameters {IOPS} and {IOPS_PER_GB} are mutually exclusive")
     for key in (IOPS, IOPS_PER_GB):
         if key in out:
-            _int(key, out[key])
+            whole_number(key, out[key])
             if not limits.max_iops:
                 raise InvalidParameterError(f"parameter {key}: volume type {kind} has no provisioned IOPS")
     if limits.iops_required and IOPS not in out and IOPS_PER_GB not in out:
@@ -217,61 +242,13 @@ def _check_iops(out: Mapping[str, str], kind: str) -> None:
 def _check_throughput(out: Mapping[str, str], kind: str) -> None:
     if THROUGHPUT not in out:
         return
-    mibs = _int(THROUGHPUT, out[THROUGHPUT])
+    mibs = whole_number(THROUGHPUT, out[THROUGHPUT])
     limits = VOLUME_TYPES[kind].throughput
     if limits is None:
         raise InvalidParameterError(f"parameter {THROUGHPUT}: only gp3 volumes take a throughput")
     low, high = limits
     if not low <= mibs <= high:
         raise InvalidParameterError(f"parameter {THROUGHPUT}: gp3 allows {low}..{high} MiB/s, got {mibs}")
-
-
-def _deleted_tag(key: str, value: str) -> tuple[str, str]:
-    name = value.strip()
-    if not name:
-        raise InvalidParameterError(f"parameter {key}: expected the key of the tag to delete")
-    if reserved_tag(name):
-        raise InvalidParameterError(f"parameter {key}: tag key {name!r} is reserved for the driver or AWS")
-    return name, ""
-
-
-def _mutable_key(key: str) -> str:
-    lowered = key.lower()
-    for prefix in (TAG_PREFIX, TAG_DELETION_PREFIX):
-        if lowered.startswith(prefix.lower()):
-            return prefix + key[len(prefix) :]
-    canonical = _CANONICAL.get(lowered)
-    if canonical not in MUTABLE_KEYS:
-        raise InvalidParameterError(
-            f"mutable parameter {key!r} is not supported by the EBS backend "
-            f"(supported: {', '.join(MUTABLE_KEYS)}, {TAG_PREFIX}<n>, {TAG_DELETION_PREFIX}<n>)"
-        )
-    return canonical
-
-
-def validate_mutable(parameters: Mapping[str, str]) -> dict[str, str]:
-    """Canonical VolumeAttributesClass parameters: `type`, `iops`, `throughput`, and tag changes:
-    `tagSpecification_<n>` (key=template, as in a StorageClass) sets a tag, `tagDeletion_<n>` (a tag
-    key) removes one; a key both set and removed -> InvalidParameterError."""
-    out: dict[str, str] = {}
-    changed: dict[str, list[str]] = {TAG_PREFIX: [], TAG_DELETION_PREFIX: []}
-    for key, value in parameters.items():
-        canonical = _mutable_key(key)
-        if canonical in out:
-            raise InvalidParameterError(f"parameter {key!r} is given twice (keys are case-insensitive)")
-        for prefix, check in ((TAG_PREFIX, _tag), (TAG_DELETION_PREFIX, _deleted_tag)):
-            if canonical.startswith(prefix):
-                changed[prefix].append(check(key, value)[0])
-        out[canonical] = value.strip()
-    both = sorted(set(changed[TAG_PREFIX]) & set(changed[TAG_DELETION_PREFIX]))
-    if both:
-        raise InvalidParameterError(f"tag(s) {', '.join(both)} both set and deleted by one class")
-    if TYPE in out:
-        out[TYPE] = _check_type(out[TYPE])
-    for key in (IOPS, THROUGHPUT):
-        if key in out:
-            out[key] = str(_int(key, out[key]))
-    return out
 
 
 def gib(size_bytes: int) -> int:
@@ -348,13 +325,22 @@ def create_arguments(params: Mapping[str, str], size_gib: int) -> dict[str, obje
     return args
 
 
+def restore_arguments(params: Mapping[str, str]) -> dict[str, object]:
+    """CreateVolume arguments only a restore from a snapshot takes: the volume initialization rate
+    (EC2 refuses it for an empty volume, so a class serving both kinds of claim sends it to restores
+    alone)."""
+    if INITIALIZATION_RATE not in params:
+        return {}
+    return {"VolumeInitializationRate": int(params[INITIALIZATION_RATE])}
+
+
 def spec_tags(
     params: Mapping[str, str], fields: Mapping[str, str], metadata: Mapping[str, str]
 ) -> dict[str, str]:
     """Tags from the tagSpecification_N keys of `params`, their templates over `fields` (tagvalues.py)
     rendered with the sidecar's `metadata`."""
     return dict(
-        _tag(key, params[key], fields, metadata) for key in sorted(params) if key.startswith(TAG_PREFIX)
+        tag_entry(key, params[key], fields, metadata) for key in sorted(params) if key.startswith(TAG_PREFIX)
     )
 
 

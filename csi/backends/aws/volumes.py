@@ -67,11 +67,13 @@ def create_parameters(options: DiskOptions) -> dict[str, str]:
 
 class Request(NamedTuple):
     """What CreateVolume sends for one request: its arguments (besides zone, token, tags and source),
-    every tag, and of those the user's (tagSpecification_N, PVC/PV metadata)."""
+    every tag, and of those the user's (tagSpecification_N, PVC/PV metadata); `restore`: the arguments
+    only a CreateVolume from a snapshot adds (params.restore_arguments), never compared."""
 
     args: dict[str, object]
     tags: dict[str, str]
     user_tags: dict[str, str]
+    restore: dict[str, object]
 
 
 MODIFIABLE_LABELS = {
@@ -156,7 +158,7 @@ class VolumeCreator:
             **P.created_for_tags(options.metadata),  # the claim's: not held against an existing volume
             **{P.TAG_CONTEXT_PREFIX + k: v for k, v in options.context.items()},
         }
-        return Request(args, tags, user_tags)
+        return Request(args, tags, user_tags, P.restore_arguments(params))
 
     def _existing(self, volume: Mapping[str, Any], name: str, options: DiskOptions, request: Request) -> Disk:
         """The named volume, once available, if it answers this request; else AlreadyExistsError."""
@@ -247,7 +249,7 @@ class VolumeCreator:
                     f"snapshot {snap.id} holds {snap.size_bytes} bytes, "
                     f"more than the requested {size_gib} GiB"
                 )
-            request = request._replace(args={**request.args, "SnapshotId": snap.id})
+            request = request._replace(args={**request.args, **request.restore, "SnapshotId": snap.id})
             options = self._within(options, snap.id, records.accessible_zones(raw))
         return self._create_in(self._zones.pick(options), name, options, request)
 
@@ -361,6 +363,7 @@ class VolumeCreator:
                     ClientToken=token,
                     TagSpecifications=tag_spec("volume", request.tags),
                     **request.args,
+                    **request.restore,
                 )
                 return created
 

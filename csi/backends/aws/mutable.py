@@ -1,0 +1,97 @@
+"""The mutable parameters of the aws backend (VolumeAttributesClass): `type`, `iops`, `throughput`, which
+ModifyVolume changes (params.modify_arguments), and tag changes.
+
+`tagSpecification_<n>` sets a tag, its template (tagvalues.py) rendered over the claim's names that
+the external-resizer passes with --extra-modify-metadata (the chart runs it so); `tagDeletion_<n>`
+removes the tag it names. On an existing volume only what differs from its tags is sent, with
+CreateTags and DeleteTags, so a repeated modify changes nothing. At creation a class's tags are the
+volume's first (volumes.create_parameters) and its deletions have nothing to remove.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import NamedTuple
+
+from csi.backends.aws import params as P
+from csi.backends.aws.ec2 import Ec2
+from csi.backends.aws.tagvalues import VOLUME_FIELDS
+from csi.failures import InvalidParameterError
+
+
+def _deleted_tag(key: str, value: str) -> tuple[str, str]:
+    name = value.strip()
+    if not name:
+        raise InvalidParameterError(f"parameter {key}: expected the key of the tag to delete")
+    if P.reserved_tag(name):
+        raise InvalidParameterError(f"parameter {key}: tag key {name!r} is reserved for the driver or AWS")
+    return name, ""
+
+
+def _mutable_key(key: str) -> str:
+    lowered = key.lower()
+    for prefix in (P.TAG_PREFIX, P.TAG_DELETION_PREFIX):
+        if lowered.startswith(prefix.lower()):
+            return prefix + key[len(prefix) :]
+    canonical = P.canonical_key(key)
+    if canonical not in P.MUTABLE_KEYS:
+        raise InvalidParameterError(
+            f"mutable parameter {key!r} is not supported by the EBS backend "
+            f"(supported: {', '.join(P.MUTABLE_KEYS)}, {P.TAG_PREFIX}<n>, {P.TAG_DELETION_PREFIX}<n>)"
+        )
+    return canonical
+
+
+def validate(parameters: Mapping[str, str]) -> dict[str, str]:
+    """Canonical VolumeAttributesClass parameters: `type`, `iops`, `throughput`, and tag changes:
+    `tagSpecification_<n>` (key=template, as in a StorageClass) sets a tag, `tagDeletion_<n>` (a tag
+    key) removes one; a key both set and removed -> InvalidParameterError."""
+    out: dict[str, str] = {}
+    changed: dict[str, list[str]] = {P.TAG_PREFIX: [], P.TAG_DELETION_PREFIX: []}
+    for key, value in parameters.items():
+        canonical = _mutable_key(key)
+        if canonical in out:
+            raise InvalidParameterError(f"parameter {key!r} is given twice (keys are case-insensitive)")
+        for prefix, check in ((P.TAG_PREFIX, P.tag_entry), (P.TAG_DELETION_PREFIX, _deleted_tag)):
+            if canonical.startswith(prefix):
+                changed[prefix].append(check(key, value)[0])
+        out[canonical] = value.strip()
+    both = sorted(set(changed[P.TAG_PREFIX]) & set(changed[P.TAG_DELETION_PREFIX]))
+    if both:
+        raise InvalidParameterError(f"tag(s) {', '.join(both)} both set and deleted by one class")
+    if P.TYPE in out:
+        out[P.TYPE] = P.check_type(out[P.TYPE])
+    for key in (P.IOPS, P.THROUGHPUT):
+        if key in out:
+            out[key] = str(P.whole_number(key, out[key]))
+    return out
+
+
+class TagChanges(NamedTuple):
+    put: dict[str, str]
+    delete: tuple[str, ...]
+
+    def __bool__(self) -> bool:
+        return bool(self.put or self.delete)
+
+
+def tag_changes(parameters: Mapping[str, str], metadata: Mapping[str, str]) -> TagChanges:
+    """The tag changes among validated `parameters` (validate), rendered over the claim's
+    `metadata`. A template these names cannot render -> InvalidParameterError."""
+    deleted = {v.strip() for k, v in parameters.items() if k.startswith(P.TAG_DELETION_PREFIX)}
+    return TagChanges(P.spec_tags(parameters, VOLUME_FIELDS, metadata), tuple(sorted(deleted)))
+
+
+def settings(parameters: Mapping[str, str]) -> dict[str, str]:
+    """The validated `parameters` ModifyVolume takes (type, iops, throughput)."""
+    return {key: value for key, value in parameters.items() if key in P.MUTABLE_KEYS}
+
+
+def apply(ec2: Ec2, vid: str, changes: TagChanges, current: Mapping[str, str]) -> None:
+    """Make the tags of volume `vid`, `current` now, match `changes`."""
+    put = {key: value for key, value in changes.put.items() if current.get(key) != value}
+    gone = [key for key in changes.delete if key in current]
+    if put:
+        ec2.call("create_tags", Resources=[vid], Tags=[{"Key": k, "Value": v} for k, v in put.items()])
+    if gone:
+        ec2.call("delete_tags", Resources=[vid], Tags=[{"Key": k} for k in gone])
