@@ -27,6 +27,13 @@ def create(backend: AwsBackend, size_gib: int, parameters: dict[str, str]) -> st
         pytest.param({"type": "io1", "iops": "20000"}, 10, 500, id="io1-explicit-at-50-per-gib"),
         pytest.param({"type": "io1", "iops": "100000"}, 2000, 64000, id="io1-explicit-at-type-max"),
         pytest.param({"type": "io2", "iops": "300000"}, 4, 4000, id="io2-explicit-at-1000-per-gib"),
+        pytest.param({"type": "io2", "iops": "300000"}, 400, 64000, id="io2-at-what-any-instance-mounts"),
+        pytest.param(
+            {"type": "io2", "iops": "300000", "blockExpress": "TRUE"}, 400, 256000, id="io2-block-express"
+        ),
+        pytest.param(
+            {"type": "io2", "iopsPerGB": "500", "blockExpress": "true"}, 300, 150000, id="io2-be-per-gb"
+        ),
         pytest.param({"type": "gp3", "iops": "90000"}, 200, 80000, id="gp3-explicit-at-type-max"),
         pytest.param({"type": "gp3", "iops": "20000"}, 100, 20000, id="gp3-explicit-above-the-old-16000"),
         pytest.param({"type": "gp3", "iops": "6000"}, 10, 5000, id="gp3-explicit-at-500-per-gib"),

@@ -25,6 +25,7 @@ ALLOW_AUTO_IOPS = "allowAutoIOPSPerGBIncrease"
 THROUGHPUT = "throughput"
 ENCRYPTED = "encrypted"
 KMS_KEY_ID = "kmsKeyId"
+BLOCK_EXPRESS = "blockExpress"  # io2: "true" lifts the IOPS cap from IO2_MOUNTABLE_IOPS to the type maximum
 INITIALIZATION_RATE = "volumeInitializationRate"  # MiB/s a restore reads its snapshot at
 INITIALIZATION_RATES = (100, 300)  # EC2's range
 TAG_PREFIX = "tagSpecification_"
@@ -41,6 +42,7 @@ _CANONICAL = {
         THROUGHPUT,
         ENCRYPTED,
         KMS_KEY_ID,
+        BLOCK_EXPRESS,
         INITIALIZATION_RATE,
     )
 }
@@ -103,6 +105,9 @@ VOLUME_TYPES: dict[str, VolumeType] = {
     "standard": VolumeType(1, 1024),
 }
 MULTI_ATTACH_TYPES = frozenset({"io1", "io2"})
+# io2 IOPS without blockExpress=true, as the EBS CSI driver caps them: more would not mount on an
+# instance without io2 Block Express support.
+IO2_MOUNTABLE_IOPS = 64000
 
 
 # ---- handles
@@ -184,7 +189,7 @@ def validate(parameters: Mapping[str, str]) -> dict[str, str]:
     out[TYPE] = kind
     _check_iops(out, kind)
     _check_throughput(out, kind)
-    for key in (ALLOW_AUTO_IOPS, ENCRYPTED):
+    for key in (ALLOW_AUTO_IOPS, ENCRYPTED, BLOCK_EXPRESS):
         if key in out:
             out[key] = str(_bool(key, out[key])).lower()
     if KMS_KEY_ID in out and out.get(ENCRYPTED) != "true":
@@ -264,11 +269,13 @@ def check_size(kind: str, size_gib: int) -> None:
         )
 
 
-def max_iops(kind: str, size_gib: int) -> int:
-    """The most IOPS EBS provisions for a `kind` volume of `size_gib`: the type maximum, and at most its
-    IOPS-per-GiB ratio times the size, though never less than the type minimum (a 1 GiB gp3 has 3000)."""
+def max_iops(kind: str, size_gib: int, block_express: bool = False) -> int:
+    """The most IOPS to provision for a `kind` volume of `size_gib`: the type maximum (io2 without
+    `block_express`: IO2_MOUNTABLE_IOPS), and at most its IOPS-per-GiB ratio times the size, though
+    never less than the type minimum (a 1 GiB gp3 has 3000)."""
     limits = VOLUME_TYPES[kind]
-    return min(limits.max_iops, max(limits.min_iops, limits.max_iops_per_gib * size_gib))
+    top = limits.max_iops if block_express or kind != "io2" else IO2_MOUNTABLE_IOPS
+    return min(top, max(limits.min_iops, limits.max_iops_per_gib * size_gib))
 
 
 def provisioned_iops(params: Mapping[str, str], size_gib: int) -> int | None:
@@ -291,7 +298,7 @@ def provisioned_iops(params: Mapping[str, str], size_gib: int) -> int | None:
                 f"set {ALLOW_AUTO_IOPS}=true to raise it automatically"
             )
         return limits.min_iops
-    return min(requested, max_iops(kind, size_gib))
+    return min(requested, max_iops(kind, size_gib, params.get(BLOCK_EXPRESS) == "true"))
 
 
 def described(fields: Mapping[str, Any]) -> dict[str, object]:
