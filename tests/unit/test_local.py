@@ -1008,6 +1008,25 @@ def test_ebs_standin_refuses_what_ebs_refuses(
     assert volume_files(data) == []
 
 
+@pytest.mark.parametrize(
+    ("given", "recorded"),
+    [
+        pytest.param({"IOPS": "4000"}, {"iops": "4000"}, id="settings"),
+        pytest.param(
+            {"tagSpecification_1": "a={{ .PVCName }}", "tagDeletion_1": "b"},
+            {"tagSpecification_1": "a={{ .PVCName }}", "tagDeletion_1": "b"},
+            id="tag-changes",
+        ),
+    ],
+)
+def test_ebs_standin_takes_ebs_attributes_classes(
+    ebs_standin: LocalBackend, given: dict[str, str], recorded: dict[str, str]
+) -> None:
+    assert ebs_standin.validate_mutable_parameters(given) == recorded
+    with pytest.raises(failures.InvalidParameterError, match="color"):
+        ebs_standin.validate_mutable_parameters({**given, "color": "blue"})
+
+
 def test_local_backend_under_its_own_name_still_takes_no_parameters(be: LocalBackend) -> None:
     with pytest.raises(failures.InvalidParameterError, match="unknown parameter"):
         be.validate_parameters({"type": "gp2"})

@@ -11,12 +11,14 @@ volume's first (volumes.create_parameters) and its deletions have nothing to rem
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from csi.backends.aws import params as P
-from csi.backends.aws.ec2 import Ec2
 from csi.backends.aws.tagvalues import VOLUME_FIELDS
 from csi.failures import InvalidParameterError
+
+if TYPE_CHECKING:  # validation alone (the local backend standing in for EBS) needs no EC2 client
+    from csi.backends.aws.ec2 import Ec2
 
 
 def _deleted_tag(key: str, value: str) -> tuple[str, str]:

@@ -49,10 +49,12 @@ class Parameters:
 
     def __init__(self, driver_name: str) -> None:
         self._ebs: ModuleType | None = None
+        self._ebs_mutable: ModuleType | None = None
         if driver_name == EBS_DRIVER_NAME:
-            from csi.backends.aws import params as ebs  # pure functions: boto3 stays unimported
+            from csi.backends.aws import mutable as ebs_mutable  # EBS's rules: only for this name
+            from csi.backends.aws import params as ebs
 
-            self._ebs = ebs
+            self._ebs, self._ebs_mutable = ebs, ebs_mutable
 
     def validate(self, parameters: Mapping[str, str]) -> dict[str, str]:
         """Checked StorageClass parameters (recorded with the volume); bad -> InvalidParameterError."""
@@ -62,9 +64,9 @@ class Parameters:
         return checked
 
     def validate_mutable(self, parameters: Mapping[str, str]) -> dict[str, str]:
-        if self._ebs is None:
+        if self._ebs_mutable is None:
             return validate_mutable(parameters)
-        checked: dict[str, str] = self._ebs.validate_mutable(parameters)
+        checked: dict[str, str] = self._ebs_mutable.validate(parameters)
         return checked
 
     def check_size(self, parameters: Mapping[str, str], size_bytes: int) -> None:
