@@ -12,7 +12,7 @@ import pytest
 from csi import keys
 from csi.backends.aws import AwsBackend
 from csi.backends.aws import params as P
-from csi.backends.aws.tagvalues import SNAPSHOT_FIELDS, VOLUME_FIELDS, interpolate
+from csi.backends.aws.tagvalues import SNAPSHOT_FIELDS, VOLUME_FIELDS, parse
 from csi.backends.base import DiskOptions, GiB
 from csi.failures import InvalidParameterError
 
@@ -48,11 +48,11 @@ VOLUMESNAPSHOT = {
     ],
 )
 def test_templates_are_rendered_as_go_renders_them(value: str, rendered: str) -> None:
-    assert interpolate("tagSpecification_1", value, VOLUME_FIELDS, CLAIM) == rendered
+    assert parse("tagSpecification_1", value, VOLUME_FIELDS).render(CLAIM) == rendered
 
 
 def test_a_field_the_sidecar_did_not_pass_is_empty() -> None:
-    assert interpolate("tagSpecification_1", "[{{ .PVCName | toUpper }}]", VOLUME_FIELDS, {}) == "[]"
+    assert parse("tagSpecification_1", "[{{ .PVCName | toUpper }}]", VOLUME_FIELDS).render({}) == "[]"
 
 
 @pytest.mark.parametrize(
@@ -90,7 +90,7 @@ def test_what_go_would_refuse_or_this_subset_lacks_is_refused_naming_the_paramet
     value: str, message: str
 ) -> None:
     with pytest.raises(InvalidParameterError, match=message) as raised:
-        interpolate("tagSpecification_3", value, VOLUME_FIELDS, CLAIM)
+        parse("tagSpecification_3", value, VOLUME_FIELDS).render(CLAIM)
     assert "tagSpecification_3" in str(raised.value)
 
 
@@ -105,7 +105,7 @@ def test_what_go_would_refuse_or_this_subset_lacks_is_refused_naming_the_paramet
 def test_what_only_the_data_makes_wrong_is_refused_when_rendered(value: str, message: str) -> None:
     P.validate({"tagSpecification_1": f"k={value}"})  # the class is fine: its claims may fit
     with pytest.raises(InvalidParameterError, match=message):
-        interpolate("tagSpecification_1", value, VOLUME_FIELDS, CLAIM)
+        parse("tagSpecification_1", value, VOLUME_FIELDS).render(CLAIM)
 
 
 def test_a_storage_class_with_a_template_go_would_refuse_is_refused_when_validated() -> None:

@@ -294,10 +294,6 @@ def parse(key: str, value: str, fields: Mapping[str, str]) -> Template:
         raise InvalidParameterError(f"parameter {key}: {refused} in {value!r}") from None
 
 
-def interpolate(key: str, value: str, fields: Mapping[str, str], metadata: Metadata) -> str:
-    return parse(key, value, fields).render(metadata)
-
-
 def _parts(value: str, parser: _Parser) -> list[Part]:
     parts: list[Part] = []
     pos = 0
