@@ -5,6 +5,8 @@ on what reaches moto's EC2."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import grpc
@@ -14,6 +16,7 @@ from csi.backends.aws import AwsBackend
 from csi.backends.base import DiskOptions, GiB
 from csi.errors import status_for
 from csi.failures import InvalidParameterError
+from tests.aws.conftest import record_calls
 
 
 def create(backend: AwsBackend, size_gib: int, parameters: dict[str, str]) -> str:
@@ -68,3 +71,61 @@ def test_iops_below_the_minimum_without_auto_increase_are_invalid(
         create(backend, size_gib, parameters)
     assert status_for(raised.value)[0] is grpc.StatusCode.INVALID_ARGUMENT
     assert ec2.describe_volumes()["Volumes"] == []
+
+
+@pytest.mark.parametrize(
+    ("parameters", "grown_gib", "iops"),
+    [
+        pytest.param(
+            {"type": "io2", "iopsPerGB": "50", "allowAutoIOPSIncreaseOnModify": "true"},
+            20,
+            1000,
+            id="ratio-kept",
+        ),
+        pytest.param(
+            {"type": "io2", "iopsPerGB": "500", "allowAutoIOPSIncreaseOnModify": "true"},
+            400,
+            64000,
+            id="capped-as-at-creation",
+        ),
+        pytest.param(
+            {
+                "type": "io2",
+                "iopsPerGB": "500",
+                "allowAutoIOPSIncreaseOnModify": "true",
+                "blockExpress": "true",
+            },
+            400,
+            200000,
+            id="block-express-cap",
+        ),
+        pytest.param({"type": "io2", "iopsPerGB": "50"}, 20, 500, id="not-asked-for"),
+        pytest.param(
+            {"type": "io2", "iops": "500", "allowAutoIOPSIncreaseOnModify": "true"}, 20, 500, id="no-ratio"
+        ),
+    ],
+)
+def test_a_resize_keeps_the_iops_ratio_only_when_the_class_asked(
+    backend: AwsBackend, ec2: Any, parameters: dict[str, str], grown_gib: int, iops: int
+) -> None:
+    """The EBS driver's allowAutoIOPSIncreaseOnModify: the grown volume gets iopsPerGB x its new size, in
+    the same ModifyVolume as the size."""
+    volume_id = create(backend, 10, parameters)
+    modifications = record_calls(backend.ec2.client, "ModifyVolume")
+    backend.expand_volume(volume_id, grown_gib * GiB)
+    assert ec2.describe_volumes(VolumeIds=[volume_id])["Volumes"][0]["Iops"] == iops
+    assert len(modifications) == 1
+
+
+def test_an_explicit_iops_in_the_same_modification_wins_over_the_ratio(
+    make_backend: Callable[..., AwsBackend], ec2: Any
+) -> None:
+    backend = make_backend(modify_window=0.5)  # long enough for both requests to join one batch
+    parameters = {"type": "io2", "iopsPerGB": "50", "allowAutoIOPSIncreaseOnModify": "true"}
+    volume_id = create(backend, 10, parameters)
+    modifications = record_calls(backend.ec2.client, "ModifyVolume")
+    with ThreadPoolExecutor(2) as pool:  # one coalesced ModifyVolume (coalesce.py)
+        grown = pool.submit(backend.expand_volume, volume_id, 20 * GiB)
+        tuned = pool.submit(backend.modify_volume, volume_id, {"iops": "700"})
+        grown.result(), tuned.result()
+    assert [(m["Size"], m["Iops"]) for m in modifications] == [(20, 700)]

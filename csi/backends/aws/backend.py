@@ -277,7 +277,7 @@ class AwsBackend(SnapshotDelegation, Backend):
         if changes:
             volume = self.ec2.describe_volume(vid)
             if settings:
-                P.modify_arguments(volume, None, settings)  # its refusals, before the tags change
+                mutable.modify_arguments(volume, None, settings)  # its refusals, before the tags change
             mutable.apply(self.ec2, vid, changes, records.tags(volume))
         if settings:
             return self._modifier.submit(vid, parameters=settings)
@@ -286,7 +286,7 @@ class AwsBackend(SnapshotDelegation, Backend):
     def _apply_modification(self, vid: str, change: Modification) -> Disk:
         """One ModifyVolume for a coalesced batch, waited for until EC2 reports it optimizing."""
         volume = self.ec2.describe_volume(vid)
-        args = P.modify_arguments(volume, change.size_bytes, change.parameters)
+        args = mutable.modify_arguments(volume, change.size_bytes, change.parameters)
         if not args:
             return self._disk(volume)
         self.ec2.call("modify_volume", VolumeId=vid, **args)

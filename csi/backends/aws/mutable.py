@@ -1,5 +1,6 @@
 """The mutable parameters of the aws backend (VolumeAttributesClass): `type`, `iops`, `throughput`, which
-ModifyVolume changes (params.modify_arguments), and tag changes.
+ModifyVolume changes (modify_arguments, which also keeps a class's iopsPerGB across a resize when it
+said allowAutoIOPSIncreaseOnModify), and tag changes.
 
 `tagSpecification_<n>` sets a tag, its template (tagvalues.py) rendered over the claim's names that
 the external-resizer passes with --extra-modify-metadata (the chart runs it so); `tagDeletion_<n>`
@@ -11,9 +12,10 @@ volume's first (volumes.create_parameters) and its deletions have nothing to rem
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from csi.backends.aws import params as P
+from csi.backends.aws.records import tags
 from csi.backends.aws.tagvalues import VOLUME_FIELDS
 from csi.failures import InvalidParameterError
 
@@ -97,3 +99,51 @@ def apply(ec2: Ec2, vid: str, changes: TagChanges, current: Mapping[str, str]) -
         ec2.call("create_tags", Resources=[vid], Tags=[{"Key": k, "Value": v} for k, v in put.items()])
     if gone:
         ec2.call("delete_tags", Resources=[vid], Tags=[{"Key": k} for k in gone])
+
+
+def modify_arguments(
+    volume: Mapping[str, Any], size_bytes: int | None, changes: Mapping[str, str]
+) -> dict[str, Any]:
+    """ModifyVolume arguments taking the EC2 volume record to `size_bytes` (None: keep; never smaller)
+    and the validated mutable parameters `changes`; {} when it is there already. A combination the
+    volume type does not allow -> InvalidParameterError or OutOfRangeError."""
+    current = int(volume["Size"])
+    args: dict[str, Any] = {}
+    if size_bytes is not None and P.gib(size_bytes) > current:  # not bigger: satisfied (EBS never shrinks)
+        args["Size"] = P.gib(size_bytes)
+    kind = changes.get(P.TYPE, volume.get("VolumeType", P.DEFAULT_TYPE))
+    if kind != volume.get("VolumeType"):
+        args["VolumeType"] = kind
+    for key, field in ((P.IOPS, "Iops"), (P.THROUGHPUT, "Throughput")):
+        if key in changes and int(changes[key]) != volume.get(field):
+            args[field] = int(changes[key])
+    if "Size" in args and P.IOPS not in changes:
+        args.update(kept_iops(volume, kind, args["Size"]))
+    if not args:
+        return args
+    P.check_size(kind, int(args.get("Size", current)))
+    limits = P.VOLUME_TYPES[kind]
+    if "Iops" in args and not limits.max_iops:
+        raise InvalidParameterError(f"volume type {kind} has no provisioned IOPS")
+    if "Throughput" in args and limits.throughput is None:
+        raise InvalidParameterError(f"volume type {kind} takes no throughput")
+    return args
+
+
+def iops_per_gib_tag(params: Mapping[str, str]) -> dict[str, str]:
+    """The tag that makes resizes keep a class's iopsPerGB (allowAutoIOPSIncreaseOnModify=true)."""
+    if P.IOPS_PER_GB not in params or params.get(P.ALLOW_AUTO_IOPS_ON_MODIFY) != "true":
+        return {}
+    express = ":block-express" if params.get(P.BLOCK_EXPRESS) == "true" else ""
+    return {P.TAG_IOPS_PER_GIB: params[P.IOPS_PER_GB] + express}
+
+
+def kept_iops(volume: Mapping[str, Any], kind: str, size_gib: int) -> dict[str, int]:
+    """{"Iops": n} raising a volume made with iopsPerGB and allowAutoIOPSIncreaseOnModify to its ratio
+    at `size_gib` (capped as at creation, params.max_iops), as the EBS driver does on a resize; {}
+    for any other volume, or when it has as many already."""
+    ratio, _, express = tags(volume).get(P.TAG_IOPS_PER_GIB, "").partition(":")
+    if not ratio.isdigit() or not P.VOLUME_TYPES[kind].max_iops:
+        return {}
+    wanted = min(int(ratio) * size_gib, P.max_iops(kind, size_gib, express == "block-express"))
+    return {"Iops": wanted} if wanted > int(volume.get("Iops") or 0) else {}

@@ -22,6 +22,7 @@ TYPE = "type"
 IOPS = "iops"
 IOPS_PER_GB = "iopsPerGB"
 ALLOW_AUTO_IOPS = "allowAutoIOPSPerGBIncrease"
+ALLOW_AUTO_IOPS_ON_MODIFY = "allowAutoIOPSIncreaseOnModify"  # with iopsPerGB: resizes keep the ratio
 THROUGHPUT = "throughput"
 ENCRYPTED = "encrypted"
 KMS_KEY_ID = "kmsKeyId"
@@ -39,6 +40,7 @@ _CANONICAL = {
         IOPS,
         IOPS_PER_GB,
         ALLOW_AUTO_IOPS,
+        ALLOW_AUTO_IOPS_ON_MODIFY,
         THROUGHPUT,
         ENCRYPTED,
         KMS_KEY_ID,
@@ -63,6 +65,8 @@ TAG_CREATED_FOR = (
 TAG_NAMESPACE = "ballast.dev/"  # every tag Ballast adds beyond the EBS driver's lives under it
 TAG_READONLY_PREFIX = TAG_NAMESPACE + "published-readonly/"  # + instance id: published read-only there
 TAG_CONTEXT_PREFIX = TAG_NAMESPACE + "volume-context/"  # one tag per generic volume_context entry
+# iopsPerGB with allowAutoIOPSIncreaseOnModify: "<ratio>" or "<ratio>:block-express" (mutable.kept_iops)
+TAG_IOPS_PER_GIB = TAG_NAMESPACE + "iops-per-gib"
 # On snapshots: the zones (comma-separated) a CreateSnapshot with accessibility requirements was promised.
 TAG_ACCESSIBLE_ZONES = TAG_NAMESPACE + "accessible-zones"
 RESERVED_TAGS = frozenset({TAG_VOLUME_NAME, TAG_SNAPSHOT_NAME, TAG_DRIVER, TAG_SOURCE_VOLUME})
@@ -189,7 +193,7 @@ def validate(parameters: Mapping[str, str]) -> dict[str, str]:
     out[TYPE] = kind
     _check_iops(out, kind)
     _check_throughput(out, kind)
-    for key in (ALLOW_AUTO_IOPS, ENCRYPTED, BLOCK_EXPRESS):
+    for key in (ALLOW_AUTO_IOPS, ALLOW_AUTO_IOPS_ON_MODIFY, ENCRYPTED, BLOCK_EXPRESS):
         if key in out:
             out[key] = str(_bool(key, out[key])).lower()
     if KMS_KEY_ID in out and out.get(ENCRYPTED) != "true":
@@ -355,30 +359,3 @@ def created_for_tags(metadata: Mapping[str, str]) -> dict[str, str]:
     """The in-tree era `kubernetes.io/created-for/*` tags of a claim (DiskOptions.metadata)."""
     named = ((keys.PVC_NAME, "pvc/name"), (keys.PVC_NAMESPACE, "pvc/namespace"), (keys.PV_NAME, "pv/name"))
     return {TAG_CREATED_FOR + suffix: metadata[key] for key, suffix in named if metadata.get(key)}
-
-
-def modify_arguments(
-    volume: Mapping[str, Any], size_bytes: int | None, changes: Mapping[str, str]
-) -> dict[str, Any]:
-    """ModifyVolume arguments taking the EC2 volume record to `size_bytes` (None: keep; never smaller)
-    and the validated mutable parameters `changes`; {} when it is there already. A combination the
-    volume type does not allow -> InvalidParameterError or OutOfRangeError."""
-    current = int(volume["Size"])
-    args: dict[str, Any] = {}
-    if size_bytes is not None and gib(size_bytes) > current:  # not bigger: satisfied (EBS never shrinks)
-        args["Size"] = gib(size_bytes)
-    kind = changes.get(TYPE, volume.get("VolumeType", DEFAULT_TYPE))
-    if kind != volume.get("VolumeType"):
-        args["VolumeType"] = kind
-    for key, field in ((IOPS, "Iops"), (THROUGHPUT, "Throughput")):
-        if key in changes and int(changes[key]) != volume.get(field):
-            args[field] = int(changes[key])
-    if not args:
-        return args
-    check_size(kind, int(args.get("Size", current)))
-    limits = VOLUME_TYPES[kind]
-    if "Iops" in args and not limits.max_iops:
-        raise InvalidParameterError(f"volume type {kind} has no provisioned IOPS")
-    if "Throughput" in args and limits.throughput is None:
-        raise InvalidParameterError(f"volume type {kind} takes no throughput")
-    return args

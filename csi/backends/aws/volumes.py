@@ -15,8 +15,8 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
+from csi.backends.aws import mutable, records
 from csi.backends.aws import params as P
-from csi.backends.aws import records
 from csi.backends.aws.batching import grouped
 from csi.backends.aws.clones import ScratchSnapshots
 from csi.backends.aws.ec2 import Ec2
@@ -157,6 +157,7 @@ class VolumeCreator:
             **user_tags,
             **P.created_for_tags(options.metadata),  # the claim's: not held against an existing volume
             **{P.TAG_CONTEXT_PREFIX + k: v for k, v in options.context.items()},
+            **mutable.iops_per_gib_tag(params),  # what a resize needs to keep the class's ratio
         }
         return Request(args, tags, user_tags, P.restore_arguments(params))
 
