@@ -35,6 +35,12 @@ AWS_ZONE = "us-east-1a"
 AWS_SECRET = {"aws-secret": {"key_id": "testing", "access_key": "testing"}}
 FLAVORS = ("local", "ebs-standin", "aws")
 LOCAL_ATTACH_LIMIT = 3
+# aws flavor: the operator's tags, and tag templates the sidecars' names fill (--extra-create-metadata,
+# --extra-modify-metadata), so the flows can see the chart's flags at work on EC2.
+AWS_CLUSTER_ID = "e2e-cluster"
+AWS_EXTRA_TAGS = {"suite": "ballast-e2e"}
+CLAIM_TAG = {"tagSpecification_1": "claim={{ .PVCNamespace }}/{{ .PVCName }}"}
+SNAPSHOT_TAG = {"tagSpecification_1": "snapshot={{ .VolumeSnapshotNamespace }}/{{ .VolumeSnapshotName }}"}
 
 
 def storage_classes(parameters: dict[str, str]) -> list[dict[str, Any]]:
@@ -65,9 +71,14 @@ def flavor_values(flavor: str, moto: str) -> dict[str, Any]:
                     "region": AWS_REGION,
                     "endpointUrl": moto,
                     "credentialsSecret": {"name": "aws-secret"},
+                    "extraTags": AWS_EXTRA_TAGS,
+                    "k8sTagClusterId": AWS_CLUSTER_ID,
                 },
             },
-            "storageClasses": storage_classes({"type": "gp3"}),
+            "storageClasses": storage_classes({"type": "gp3", **CLAIM_TAG}),
+            "volumeSnapshotClasses": [
+                {"name": "snapshots", "deletionPolicy": "Delete", "parameters": SNAPSHOT_TAG}
+            ],
         }
     local: dict[str, Any] = {"dataDir": "{workdir}/data", "zone": "zone-a"}
     backend: dict[str, Any] = {"name": "local", "local": local}

@@ -86,6 +86,15 @@ def _check_against_ec2(tb: Bed, volume: BackendVolume) -> None:
     assert attached == sorted(volume.published_nodes), (described, volume)
 
 
+def ec2_tags(tb: Bed, *, volume_id: str = "", snapshot_id: str = "") -> dict[str, str]:
+    """The tags moto holds for one EBS volume or snapshot (aws flavor)."""
+    if volume_id:
+        (item,) = tb.ec2.describe_volumes(VolumeIds=[volume_id])["Volumes"]
+    else:
+        (item,) = tb.ec2.describe_snapshots(SnapshotIds=[snapshot_id])["Snapshots"]
+    return {t["Key"]: t["Value"] for t in item.get("Tags", [])}
+
+
 def volume_handle(pv: Obj) -> str:
     """The CSI handle of a PV (or, for an in-tree aws-ebs PV, the EBS volume id)."""
     spec = pv["spec"]

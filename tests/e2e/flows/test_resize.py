@@ -10,6 +10,7 @@ from tests.e2e.flows.helpers import (
     backend_volume,
     claim,
     create_claim,
+    ec2_tags,
     unique,
     volume_handle,
     wait_bound,
@@ -52,7 +53,10 @@ def attributes_class(name: str, driver: str, parameters: dict[str, str]) -> Obj:
 def test_attributes_class_change_modifies_the_volume(bed: Bed, namespace: str) -> None:
     name = unique("vac")
     fast = unique("fast")
-    bed.kube.create(volume_attributes_classes(), attributes_class(fast, bed.driver, {"iops": "4000"}))
+    changes = {"iops": "4000"}
+    if bed.is_aws:  # with a tag the resizer's names fill (--extra-modify-metadata)
+        changes["tagSpecification_1"] = "modified-for={{ .PVCName }}"
+    bed.kube.create(volume_attributes_classes(), attributes_class(fast, bed.driver, changes))
     create_claim(bed, namespace, claim(name, "immediate"))
     wait_bound(bed, namespace, name)
 
@@ -69,6 +73,7 @@ def test_attributes_class_change_modifies_the_volume(bed: Bed, namespace: str) -
     if bed.is_aws:
         described = bed.ec2.describe_volumes(VolumeIds=[volume_handle(pv)])["Volumes"][0]
         assert described["Iops"] == 4000
+        assert ec2_tags(bed, volume_id=volume_handle(pv))["modified-for"] == name
 
 
 def test_infeasible_attributes_class_leaves_the_volume_untouched(bed: Bed, namespace: str) -> None:

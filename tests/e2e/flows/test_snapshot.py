@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.flows.conftest import Bed
+from tests.e2e.flows.conftest import AWS_CLUSTER_ID, AWS_EXTRA_TAGS, Bed
 from tests.e2e.flows.helpers import (
     GiB,
     backend_volume,
     claim,
     create_claim,
+    ec2_tags,
     unique,
     volume_handle,
     wait_bound,
@@ -45,6 +46,14 @@ def test_snapshot_becomes_ready_and_restores_into_a_new_claim(bed: Bed, namespac
     assert content["spec"]["driver"] == bed.driver
     assert content["status"]["readyToUse"] is True
     assert content["status"]["restoreSize"] == 2 * GiB
+    if bed.is_aws:  # the chart's sidecars pass the names the classes' tag templates read
+        volume_tags = ec2_tags(bed, volume_id=volume_handle(source_pv))
+        snapshot_tags = ec2_tags(bed, snapshot_id=content["status"]["snapshotHandle"])
+        assert volume_tags["claim"] == f"{namespace}/{source}"
+        assert snapshot_tags["snapshot"] == f"{namespace}/{snap}"
+        for tags in (volume_tags, snapshot_tags):  # and the operator's, from chart values
+            assert tags["kubernetes.io/cluster/" + AWS_CLUSTER_ID] == "owned"
+            assert {k: tags[k] for k in AWS_EXTRA_TAGS} == AWS_EXTRA_TAGS
 
     restored = unique("restored")
     data_source = {"apiGroup": "snapshot.storage.k8s.io", "kind": "VolumeSnapshot", "name": snap}
