@@ -274,14 +274,15 @@ class AwsBackend(SnapshotDelegation, Backend):
         vid = P.volume_id(volume_id)
         changes = mutable.tag_changes(mutable_parameters, metadata)
         settings = mutable.settings(mutable_parameters)
-        if changes:
-            volume = self.ec2.describe_volume(vid)
-            if settings:
-                mutable.modify_arguments(volume, None, settings)  # its refusals, before the tags change
-            mutable.apply(self.ec2, vid, changes, records.tags(volume))
+        if not changes:
+            return self._modifier.submit(vid, parameters=settings)
+        volume = self.ec2.describe_volume(vid)
+        if settings:
+            mutable.modify_arguments(volume, None, settings)  # its refusals, before the tags change
+        mutable.apply(self.ec2, vid, changes, records.tags(volume))
         if settings:
             return self._modifier.submit(vid, parameters=settings)
-        return self._disk(self.ec2.describe_volume(vid))
+        return self._disk(volume)  # a Disk reads none of the user's tags: the record still answers
 
     def _apply_modification(self, vid: str, change: Modification) -> Disk:
         """One ModifyVolume for a coalesced batch, waited for until EC2 reports it optimizing."""

@@ -33,10 +33,10 @@ def _deleted_tag(key: str, value: str) -> tuple[str, str]:
 
 
 def _mutable_key(key: str) -> str:
-    lowered = key.lower()
     for prefix in (P.TAG_PREFIX, P.TAG_DELETION_PREFIX):
-        if lowered.startswith(prefix.lower()):
-            return prefix + key[len(prefix) :]
+        tag_key = P.prefixed(key, prefix)
+        if tag_key is not None:
+            return tag_key
     canonical = P.canonical_key(key)
     if canonical not in P.MUTABLE_KEYS:
         raise InvalidParameterError(

@@ -73,6 +73,11 @@ RESERVED_TAGS = frozenset({TAG_VOLUME_NAME, TAG_SNAPSHOT_NAME, TAG_DRIVER, TAG_S
 RESERVED_TAG_PREFIXES = (TAG_CREATED_FOR, TAG_NAMESPACE)
 
 
+def prefixed(key: str, prefix: str) -> str | None:
+    """`key` with `prefix` in its canonical spelling when it starts with it in any case, else None."""
+    return prefix + key[len(prefix) :] if key.lower().startswith(prefix.lower()) else None
+
+
 def canonical_key(key: str) -> str | None:
     """The canonical spelling of a known StorageClass key (keys are case-insensitive), or None."""
     return _CANONICAL.get(key.lower())
@@ -220,11 +225,12 @@ def _canonical(parameters: Mapping[str, str]) -> dict[str, str]:
             continue
         if lowered == LEGACY_FS_TYPE:
             continue  # the filesystem travels in the volume capability
+        tag_key = prefixed(key, TAG_PREFIX)
         if lowered in _CANONICAL:
             canonical = _CANONICAL[lowered]
-        elif lowered.startswith(TAG_PREFIX.lower()):
+        elif tag_key is not None:
             tag_entry(key, value)
-            canonical = TAG_PREFIX + key[len(TAG_PREFIX) :]
+            canonical = tag_key
         else:
             raise InvalidParameterError(f"unknown parameter {key!r} for the EBS backend")
         if canonical in out:

@@ -37,8 +37,9 @@ def _snapshot_tags(
 ) -> dict[str, str]:
     specs = {}
     for key, value in parameters.items():
-        if key.lower().startswith(P.TAG_PREFIX.lower()):
-            specs[P.TAG_PREFIX + key[len(P.TAG_PREFIX) :]] = value
+        tag_key = P.prefixed(key, P.TAG_PREFIX)
+        if tag_key is not None:
+            specs[tag_key] = value
         else:
             raise InvalidParameterError(f"unknown snapshot parameter {key!r} for the EBS backend")
     user = P.spec_tags(specs, SNAPSHOT_FIELDS, metadata)
