@@ -282,13 +282,16 @@ class Mounter:
             raise _fail(result, f"mkfs.{fs_type} on {device}")
 
     def mke2fs_version(self, fs_type: str) -> tuple[int, ...]:
-        """Version of the mke2fs behind mkfs.<fs_type>, asked once ((0,) when not ext* or not said)."""
+        """Version of the mke2fs behind mkfs.<fs_type> ((0,): not ext* or not said); kept once said."""
         if fs_type not in EXT_TYPES:
             return (0,)
-        if self._mke2fs is None:
-            said = self.runner([f"mkfs.{fs_type}", "-V"], timeout=60)
-            self._mke2fs = mke2fs_version(said.stderr + said.stdout)
-        return self._mke2fs
+        if self._mke2fs is not None:
+            return self._mke2fs
+        said = self.runner([f"mkfs.{fs_type}", "-V"], timeout=60)
+        version = mke2fs_version(said.stderr + said.stdout)
+        if said.returncode == 0:
+            self._mke2fs = version
+        return version
 
     def fsck(self, device: str, fs_type: str, *, full: bool = False) -> None:
         """Repair what is safe to repair (e2fsck -p; `full` forces a complete check, as an offline

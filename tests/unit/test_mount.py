@@ -139,6 +139,18 @@ def test_split_flags_turns_vfs_flags_into_bits() -> None:
 # ---------------------------------------------------------------- mkfs options
 
 
+def test_mke2fs_version_is_asked_again_after_a_failed_answer(tmp_path: Path) -> None:
+    """A failed `mkfs.ext4 -V` is not remembered as an unknown version (which would cost every later
+    format of a zeroed volume its assume_storage_prezeroed)."""
+    runner = FakeRunner().on("mkfs.ext4", "-V", returncode=1, stderr="mkfs.ext4: Resource busy", times=1)
+    runner.on("mkfs.ext4", "-V", stderr="mke2fs 1.47.0 (5-Feb-2023)\n")
+    m = fake_mounter(tmp_path, runner)
+    assert m.mke2fs_version("ext4") == (0,)
+    assert m.mke2fs_version("ext4") == (1, 47, 0)
+    assert m.mke2fs_version("ext4") == (1, 47, 0)
+    assert runner.calls.count(("mkfs.ext4", "-V")) == 2
+
+
 @pytest.mark.parametrize(
     ("fs_type", "options", "expected"),
     [
