@@ -301,6 +301,17 @@ def _fs_label(name: str, facts: dict[str, Any]) -> str:
     return f"{facts['type']}{journal}{where}"
 
 
+def _deferred_file(wal: float, own: float, target: float) -> str:
+    """What creating the volume's file at its first attach instead would leave in CreateVolume."""
+    verdict = "still above" if wal + own > target else "within"
+    return (
+        " Creating the volume's file later (at its first attach, recovery making it anew from the record "
+        "after a crash, as it holds zeros until then) would take the file's calls out of CreateVolume, but "
+        f"leave the WAL commit ({wal:.2f} ms) and the driver's own code ({own:.2f} ms): {wal + own:.2f} ms, "
+        f"{verdict} the bound."
+    )
+
+
 def section_durable_floor(ctl: Result) -> list[str]:
     """What of Ballast's overhead over the grpcio floor the operating system takes (issue 17, target 1)."""
     floors = ctl.doc["figures"].get("durable_floor")
@@ -329,12 +340,8 @@ def section_durable_floor(ctl: Result) -> list[str]:
         f"At concurrency 1 Ballast spends {over:.2f} ms above the grpcio floor; {here['total']:.2f} ms "
         f"of it are these system calls, {over - here['total']:.2f} ms the driver's own code (its "
         "interceptors, validation, the handler, group commit, SQLite's Python calls, the reply)."
-        + (
-            f" The bound of {target} ms is below the system calls alone, so it cannot be met on this "
-            "machine without giving up durability, which issue 17 keeps."
-            if here["total"] > target
-            else ""
-        ),
+        + (f" The bound of {target} ms is below these system calls alone." if here["total"] > target else "")
+        + _deferred_file(here["WAL commit"], over - here["total"], target),
         "",
     ]
     journaled = floors.get("ext4_journal")
