@@ -97,6 +97,9 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
             }
         ],
         "volumeSnapshotClasses": [{"name": "local-snapshots"}],
+        "volumeGroupSnapshotClasses": [
+            {"name": "local-groups", "deletionPolicy": "Retain", "parameters": {"consistency": "best-effort"}}
+        ],
     },
     "snapshot-metadata": {
         "backend": {"name": "aws"},

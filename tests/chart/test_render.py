@@ -11,12 +11,16 @@ import jsonschema
 import kubernetes_validate
 import pytest
 
-from tests.chart.render import KUBE_VERSIONS, VALUE_SETS, Obj, of_kind, render, run_helm
+from tests.chart.render import KUBE_VERSIONS, VALUE_SETS, Obj, of_kind, render, run_helm, values_of
 
 SCHEMAS = Path(__file__).parent / "schemas"
 # CRDs are not in the Kubernetes OpenAPI document: each gets a local structural schema.
 CRD_SCHEMAS = {
     ("snapshot.storage.k8s.io/v1", "VolumeSnapshotClass"): "volumesnapshotclass-snapshot-v1.json",
+    (
+        "groupsnapshot.storage.k8s.io/v1",
+        "VolumeGroupSnapshotClass",
+    ): "volumegroupsnapshotclass-groupsnapshot-v1.json",
     ("monitoring.coreos.com/v1", "ServiceMonitor"): "servicemonitor-monitoring-v1.json",
     ("cbt.storage.k8s.io/v1alpha1", "SnapshotMetadataService"): "snapshotmetadataservice-cbt-v1alpha1.json",
 }
@@ -115,6 +119,11 @@ def test_schema_check_catches_bad_objects(obj: Obj, field: str) -> None:
             {"storageClasses": [{"name": "a", "provisoner": "x"}]}, "provisoner", id="unknown-class-key"
         ),
         pytest.param({"storageClasses": [{"parameters": {}}]}, "name", id="class-without-name"),
+        pytest.param(
+            {"volumeGroupSnapshotClasses": [{"name": "g", "deletionPolicy": "Keep"}]},
+            "deletionPolicy",
+            id="group-class-bad-deletion-policy",
+        ),
         pytest.param({"controller": {"runAsUser": 0}}, "runAsUser", id="controller-as-root"),
         pytest.param(
             {"sidecars": {"provisioner": {"leaderElection": False}}}, "leaderElection", id="sidecar-key"
@@ -143,3 +152,14 @@ def test_crd_objects_render_only_when_asked() -> None:
     assert of_kind(render("defaults"), "VolumeSnapshotClass") == []
     assert len(of_kind(render("metrics"), "ServiceMonitor")) == 2
     assert [c["metadata"]["name"] for c in of_kind(render("aws"), "VolumeSnapshotClass")] == ["ebs-snapshots"]
+    assert of_kind(render("aws"), "VolumeGroupSnapshotClass") == []
+    groups = of_kind(render("local-tuned"), "VolumeGroupSnapshotClass")
+    assert [(c["metadata"]["name"], c["deletionPolicy"], c["parameters"]) for c in groups] == [
+        ("local-groups", "Retain", {"consistency": "best-effort"})
+    ]
+
+
+def test_group_snapshot_classes_on_the_aws_backend_fail_with_the_reason() -> None:
+    values = {**values_of("aws"), "volumeGroupSnapshotClasses": [{"name": "groups"}]}
+    result = run_helm(["template", "ballast", "--kube-version", "1.31.0"], values)
+    assert result.returncode != 0 and "the aws backend takes no volume group snapshots" in result.stderr

@@ -1,9 +1,9 @@
 """The chart, deployed onto a test-bed cluster as processes instead of pods.
 
-`helm template` renders the chart; its RBAC, ServiceAccounts, CSIDriver, StorageClasses and
-VolumeSnapshotClasses are created in the API server as they are. Each container of the controller
-Deployment (and, on request, of the node DaemonSet) becomes a process started with exactly the args the
-chart gives it. The only changes are the ones a kubelet would make:
+`helm template` renders the chart; its RBAC, ServiceAccounts, CSIDriver, StorageClasses,
+VolumeSnapshotClasses and VolumeGroupSnapshotClasses are created in the API server as they are. Each
+container of the controller Deployment (and, on request, of the node DaemonSet) becomes a process started
+with exactly the args the chart gives it. The only changes are the ones a kubelet would make:
 - `$(VAR)` references are expanded from the container's env (fieldRef spec.nodeName -> the node name,
   secretKeyRef -> a value the test supplies);
 - paths under a volumeMount point at the host directory behind the volume (an emptyDir becomes a
@@ -56,6 +56,7 @@ APPLIED_KINDS = (
     "CSIDriver",
     "StorageClass",
     "VolumeSnapshotClass",
+    "VolumeGroupSnapshotClass",
 )
 
 
@@ -86,6 +87,7 @@ PLURALS = {
     "CSIDriver": "csidrivers",
     "StorageClass": "storageclasses",
     "VolumeSnapshotClass": "volumesnapshotclasses",
+    "VolumeGroupSnapshotClass": "volumegroupsnapshotclasses",
     "VolumeAttributesClass": "volumeattributesclasses",
     "CustomResourceDefinition": "customresourcedefinitions",
 }
@@ -111,7 +113,8 @@ def delete_objects(kube: Kube, objects: list[Obj]) -> None:
 
 
 def install_snapshot_crds(kube: Kube) -> None:
-    """The VolumeSnapshot CRDs from the snapshotter's client module; waits until they are served."""
+    """The VolumeSnapshot and VolumeGroupSnapshot CRDs from the snapshotter's client module; waits until
+    they are served."""
     install_crds(kube, snapshot_crds())
 
 

@@ -226,6 +226,18 @@ def volume_snapshot_classes(name: str = "") -> str:
     return _group("snapshot.storage.k8s.io/v1", "volumesnapshotclasses", name)
 
 
+def volume_group_snapshots(namespace: str, name: str = "") -> str:
+    return _group("groupsnapshot.storage.k8s.io/v1", "volumegroupsnapshots", name, namespace)
+
+
+def volume_group_snapshot_contents(name: str = "") -> str:
+    return _group("groupsnapshot.storage.k8s.io/v1", "volumegroupsnapshotcontents", name)
+
+
+def volume_group_snapshot_classes(name: str = "") -> str:
+    return _group("groupsnapshot.storage.k8s.io/v1", "volumegroupsnapshotclasses", name)
+
+
 def leases(namespace: str, name: str = "") -> str:
     return _group("coordination.k8s.io/v1", "leases", name, namespace)
 

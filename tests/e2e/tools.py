@@ -71,11 +71,14 @@ def k8s_binary(name: str) -> Path:
 
 
 def snapshot_crds() -> list[Path]:
-    """The VolumeSnapshot CRD manifests shipped by the snapshotter's client module."""
+    """The VolumeSnapshot and VolumeGroupSnapshot CRD manifests of the snapshotter's client module."""
     crd_dir = component_dir("external-snapshotter", "CSI_SNAPSHOTTER_VERSION") / "crd"
-    files = sorted(crd_dir.glob("snapshot.storage.k8s.io_*.yaml"))
-    if not files:
-        _missing(f"VolumeSnapshot CRDs ({crd_dir})")
+    files = []
+    for group in ("snapshot.storage.k8s.io", "groupsnapshot.storage.k8s.io"):
+        found = sorted(crd_dir.glob(f"{group}_*.yaml"))
+        if not found:
+            _missing(f"{group} CRDs ({crd_dir})")
+        files += found
     return files
 
 

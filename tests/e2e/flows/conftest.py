@@ -40,6 +40,7 @@ LOCAL_ATTACH_LIMIT = 3
 AWS_CLUSTER_ID = "e2e-cluster"
 AWS_EXTRA_TAGS = {"suite": "ballast-e2e"}
 CLAIM_TAG = {"tagSpecification_1": "claim={{ .PVCNamespace }}/{{ .PVCName }}"}
+GROUP_CLASS = "groups"  # the chart's VolumeGroupSnapshotClass (local backend flavors)
 SNAPSHOT_TAG = {"tagSpecification_1": "snapshot={{ .VolumeSnapshotNamespace }}/{{ .VolumeSnapshotName }}"}
 
 
@@ -82,6 +83,7 @@ def flavor_values(flavor: str, moto: str) -> dict[str, Any]:
         }
     local: dict[str, Any] = {"dataDir": "{workdir}/data", "zone": "zone-a"}
     backend: dict[str, Any] = {"name": "local", "local": local}
+    common["volumeGroupSnapshotClasses"] = [{"name": GROUP_CLASS, "deletionPolicy": "Delete"}]
     if flavor == "ebs-standin":
         backend["driverName"] = "ebs.csi.aws.com"
         local["zone"] = AWS_ZONE

@@ -154,7 +154,11 @@ def ebs(cluster: Cluster) -> Iterator[Ebs]:
     )
     try:
         # Snapshots play no part here: no VolumeSnapshot CRDs, no csi-snapshotter.
-        values = {**flavor_values("ebs-standin", ""), "volumeSnapshotClasses": []}
+        values = {
+            **flavor_values("ebs-standin", ""),
+            "volumeSnapshotClasses": [],
+            "volumeGroupSnapshotClasses": [],
+        }
         values["sidecars"] = {"snapshotter": {"enabled": False}}
         node_name = unique("node")
         with deployed_chart(cluster, values, namespace, controller_node=node_name) as deployment:
