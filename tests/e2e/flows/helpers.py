@@ -52,6 +52,13 @@ def wait_bound(tb: Bed, namespace: str, name: str) -> tuple[Obj, Obj]:
     return pvc, pv
 
 
+def wait_ready(tb: Bed, path: str, what: str, timeout: float = 120) -> Obj:
+    """Wait until the (group) snapshot at `path` reports status.readyToUse; returns it."""
+    return tb.kube.wait(
+        path, lambda s: bool(s.get("status", {}).get("readyToUse")), timeout, f"{what} to be ready"
+    )
+
+
 @dataclass
 class BackendVolume:
     volume_id: str

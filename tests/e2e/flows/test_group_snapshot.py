@@ -18,6 +18,7 @@ from tests.e2e.flows.helpers import (
     unique,
     volume_handle,
     wait_bound,
+    wait_ready,
 )
 from tests.e2e.kube import (
     Obj,
@@ -100,12 +101,7 @@ def _taken_and_a_member_restores(bed: Bed, namespace: str) -> None:
     create_claim(bed, namespace, claim(unique("other"), "immediate"))  # not selected
     name = _group_snapshot(bed, namespace, label, GROUP_CLASS)
 
-    group = bed.kube.wait(
-        volume_group_snapshots(namespace, name),
-        lambda g: bool(g.get("status", {}).get("readyToUse")),
-        READY_TIMEOUT,
-        f"group snapshot {name} to be ready",
-    )
+    group = wait_ready(bed, volume_group_snapshots(namespace, name), f"group snapshot {name}", READY_TIMEOUT)
     content = bed.kube.get(
         volume_group_snapshot_contents(group["status"]["boundVolumeGroupSnapshotContentName"])
     )
@@ -123,11 +119,9 @@ def _taken_and_a_member_restores(bed: Bed, namespace: str) -> None:
     members = _members(bed, namespace, group)
     assert len(members) == 2
     for member in members:
-        ready = bed.kube.wait(
-            volume_snapshots(namespace, member["metadata"]["name"]),
-            lambda s: bool(s.get("status", {}).get("readyToUse")),
-            READY_TIMEOUT,
-            f"member snapshot {member['metadata']['name']} to be ready",
+        member_name = member["metadata"]["name"]
+        ready = wait_ready(
+            bed, volume_snapshots(namespace, member_name), f"member {member_name}", READY_TIMEOUT
         )
         assert ready["status"]["volumeGroupSnapshotName"] == name
         bound = bed.kube.get(volume_snapshot_contents(ready["status"]["boundVolumeSnapshotContentName"]))

@@ -15,6 +15,7 @@ from tests.e2e.flows.helpers import (
     unique,
     volume_handle,
     wait_bound,
+    wait_ready,
 )
 from tests.e2e.kube import volume_snapshot_contents, volume_snapshots
 
@@ -36,12 +37,7 @@ def test_snapshot_becomes_ready_and_restores_into_a_new_claim(bed: Bed, namespac
             "spec": {"volumeSnapshotClassName": "snapshots", "source": {"persistentVolumeClaimName": source}},
         },
     )
-    ready = bed.kube.wait(
-        volume_snapshots(namespace, snap),
-        lambda s: bool(s.get("status", {}).get("readyToUse")),
-        90,
-        f"snapshot {snap} to be ready",
-    )
+    ready = wait_ready(bed, volume_snapshots(namespace, snap), f"snapshot {snap}", 90)
     content = bed.kube.get(volume_snapshot_contents(ready["status"]["boundVolumeSnapshotContentName"]))
     assert content["spec"]["driver"] == bed.driver
     assert content["status"]["readyToUse"] is True
