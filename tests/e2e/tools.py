@@ -1,9 +1,9 @@
 """Where the test bed's binaries live: etcd from Debian, the rest built by scripts/k8s-tools.
 
 scripts/k8s-tools caches each component under
-``${BALLAST_CACHE:-~/.cache/ballast}/k8s/<component>/<version>/`` (bin/, and crd/ for the snapshotter),
-with the versions pinned in scripts/k8s-versions.env. A missing binary fails the test in CI and skips it
-elsewhere, like every other tool (tests/conftest.require_tool).
+``${BALLAST_CACHE:-~/.cache/ballast}/k8s/<component>/<version>/`` (bin/, and crd/ for the two snapshot
+components), with the versions pinned in scripts/k8s-versions.env. A missing binary fails the test in CI
+and skips it elsewhere, like every other tool (tests/conftest.require_tool).
 """
 
 from __future__ import annotations
