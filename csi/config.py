@@ -58,6 +58,7 @@ class BackendConfig(NamedTuple):
     aws_describe_batch_window: float = 0.0  # seconds; 0: every Describe lookup is its own call
     aws_extra_tags: Mapping[str, str] = MappingProxyType({})  # on every volume and snapshot made
     aws_k8s_tag_cluster_id: str = ""  # "": no cluster tags
+    aws_warn_on_invalid_tag: bool = False  # a class's tag that cannot be made: left off with a warning
 
 
 class NodeConfig(NamedTuple):
@@ -235,6 +236,16 @@ def _aws_flags(be: argparse._ArgumentGroup) -> None:
         "Name=X-dynamic-<name> and (volumes) KubernetesCluster=X; empty = none "
         "[BALLAST_AWS_K8S_TAG_CLUSTER_ID]",
     )
+    be.add_argument(
+        "--aws-warn-on-invalid-tag",
+        nargs="?",
+        const="true",
+        choices=("true", "false"),
+        default=EnvDefault("BALLAST_AWS_WARN_ON_INVALID_TAG", "false"),
+        help="aws backend: a class's tagSpecification_<n> with a reserved key or a template that cannot "
+        "be rendered is left off with a warning instead of failing the request (a value without key= "
+        "still fails) [BALLAST_AWS_WARN_ON_INVALID_TAG] (default: false)",
+    )
 
 
 def _metadata_flags(md: argparse._ArgumentGroup) -> None:
@@ -323,6 +334,7 @@ def from_namespace(ns: argparse.Namespace) -> Config:
             aws_describe_batch_window=ns.aws_describe_batch_window,
             aws_extra_tags=ns.aws_extra_tags,
             aws_k8s_tag_cluster_id=ns.aws_k8s_tag_cluster_id,
+            aws_warn_on_invalid_tag=ns.aws_warn_on_invalid_tag == "true",
         ),
         node=NodeConfig(
             node_id=ns.node_id or socket.gethostname(),

@@ -11,7 +11,7 @@ from csi.backends.aws import AwsBackend
 from csi.backends.aws.ec2 import Backoff, Ec2
 from csi.backends.base import DiskOptions, GiB
 from csi.config import parse_args
-from csi.failures import FailedPreconditionError, TransientError
+from csi.failures import FailedPreconditionError, InvalidParameterError, TransientError
 from csi.server import build_backend
 from tests.conftest import REPO
 from tests.motoserver import REGION, ZONE, make_client
@@ -49,6 +49,35 @@ def test_flags_build_a_backend_on_the_configured_endpoint(moto_endpoint: str, aw
         identity = backend.node_identity()
         assert (identity.node_id, identity.max_volumes) == ("i-0123456789abcdef0", 5)
         backend.delete_volume(disk.id)
+    finally:
+        backend.close()
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "made"),
+    [
+        pytest.param([], "", False, id="default-strict"),
+        pytest.param(["--aws-warn-on-invalid-tag"], "", True, id="bare-flag"),
+        pytest.param([], "true", True, id="environment"),
+        pytest.param(["--aws-warn-on-invalid-tag=false"], "true", False, id="flag-wins"),
+    ],
+)
+def test_warn_on_invalid_tag_reaches_the_backend(
+    moto_endpoint: str, aws_env: None, monkeypatch: pytest.MonkeyPatch, argv: list[str], env: str, made: bool
+) -> None:
+    monkeypatch.setenv("BALLAST_AWS_WARN_ON_INVALID_TAG", env)
+    base = ["--backend", "aws", "--aws-region", REGION, "--aws-endpoint-url", moto_endpoint, "--zone", ZONE]
+    config, _ = parse_args([*base, *argv])
+    backend = build_backend(config)
+    try:
+        bad = {"tagSpecification_1": "o={{ .Nope }}"}
+        if made:
+            parameters = backend.validate_parameters(bad)
+            disk = backend.create_volume("pvc-warn", DiskOptions(size_bytes=GiB, parameters=parameters))
+            backend.delete_volume(disk.id)
+        else:
+            with pytest.raises(InvalidParameterError, match="no field"):
+                backend.validate_parameters(bad)
     finally:
         backend.close()
 

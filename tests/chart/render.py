@@ -33,6 +33,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
                 "describeBatchWindow": "0.1",
                 "extraTags": {"team": "storage", "cost-center": "a b"},
                 "k8sTagClusterId": "prod-1",
+                "warnOnInvalidTag": True,
             },
         },
         "controller": {

@@ -29,6 +29,7 @@ def test_rendered_driver_args_parse(set_id: str, kind: str) -> None:
     assert config.backend.aws_describe_batch_window == float(aws["describeBatchWindow"] or 0)
     assert config.backend.aws_extra_tags == aws.get("extraTags", {})
     assert config.backend.aws_k8s_tag_cluster_id == aws.get("k8sTagClusterId", "")
+    assert config.backend.aws_warn_on_invalid_tag is aws.get("warnOnInvalidTag", False)
 
 
 def test_every_rendered_driver_flag_exists() -> None:

@@ -127,6 +127,9 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- with .Values.backend.aws.k8sTagClusterId }}
 - --aws-k8s-tag-cluster-id={{ . }}
 {{- end }}
+{{- if .Values.backend.aws.warnOnInvalidTag }}
+- --aws-warn-on-invalid-tag
+{{- end }}
 {{- end }}
 {{- end -}}
 

@@ -112,6 +112,7 @@ class AwsBackend(SnapshotDelegation, Backend):
         page_size: int = PAGE_SIZE,
         describe_batch_window: float = 0.0,
         owner_tags: OwnerTags | None = None,
+        warn_on_invalid_tag: bool = False,
     ) -> None:
         self.ec2 = Ec2(client, backoff, sleep, wait_timeout, page_size, describe_batch_window)
         self.zone_key = keys.topology_zone_key(driver_name)
@@ -123,10 +124,11 @@ class AwsBackend(SnapshotDelegation, Backend):
         self._devices = device_finder or DeviceFinder()
         zones = Zones(self.ec2, self.zone_key, zone)
         owner = (owner_tags or OwnerTags()).check()
-        self._creator = VolumeCreator(self.ec2, zones, self.zone_key, owner)
+        self._lenient_tags = warn_on_invalid_tag  # a class's tag that cannot be made is left off, not refused
+        self._creator = VolumeCreator(self.ec2, zones, self.zone_key, owner, warn_on_invalid_tag)
         self._attacher = Attacher(self.ec2, max_volumes)
         self._scratch = ScratchSnapshots(self.ec2, owner)
-        self._snapshots = EbsSnapshots(self.ec2, zones, self.zone_key, owner)
+        self._snapshots = EbsSnapshots(self.ec2, zones, self.zone_key, owner, warn_on_invalid_tag)
         self._health = EbsHealth(self.ec2)
         self.ebs = Ec2(ebs_client, backoff, sleep, wait_timeout) if ebs_client is not None else None
         self._blocks = EbsBlocks(self.ec2, self.ebs) if self.ebs is not None else None
@@ -182,6 +184,7 @@ class AwsBackend(SnapshotDelegation, Backend):
             controller=config.runs_controller,
             describe_batch_window=config.backend.aws_describe_batch_window,
             owner_tags=OwnerTags(config.backend.aws_extra_tags, config.backend.aws_k8s_tag_cluster_id),
+            warn_on_invalid_tag=config.backend.aws_warn_on_invalid_tag,
         )
 
     # ------------------------------------------------------------------ lifecycle
@@ -216,10 +219,10 @@ class AwsBackend(SnapshotDelegation, Backend):
     # ------------------------------------------------------------------ parameters
 
     def validate_parameters(self, parameters: Mapping[str, str]) -> dict[str, str]:
-        return P.validate(parameters)
+        return P.validate(parameters, self._lenient_tags)
 
     def validate_mutable_parameters(self, parameters: Mapping[str, str]) -> dict[str, str]:
-        return mutable.validate(parameters)
+        return mutable.validate(parameters, self._lenient_tags)
 
     # ------------------------------------------------------------------ volumes
 
@@ -272,7 +275,7 @@ class AwsBackend(SnapshotDelegation, Backend):
         into one ModifyVolume. A template the claim cannot render, or settings the volume cannot take,
         -> InvalidParameterError/OutOfRangeError before any tag changes."""
         vid = P.volume_id(volume_id)
-        changes = mutable.tag_changes(mutable_parameters, metadata)
+        changes = mutable.tag_changes(mutable_parameters, metadata, self._lenient_tags)
         settings = mutable.settings(mutable_parameters)
         if not changes:
             return self._modifier.submit(vid, parameters=settings)

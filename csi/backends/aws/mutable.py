@@ -23,13 +23,13 @@ if TYPE_CHECKING:  # validation alone (the local backend standing in for EBS) ne
     from csi.backends.aws.ec2 import Ec2
 
 
-def _deleted_tag(key: str, value: str) -> tuple[str, str]:
+def _deleted_tag(key: str, value: str) -> str:
     name = value.strip()
     if not name:
         raise InvalidParameterError(f"parameter {key}: expected the key of the tag to delete")
     if P.reserved_tag(name):
         raise InvalidParameterError(f"parameter {key}: tag key {name!r} is reserved for the driver or AWS")
-    return name, ""
+    return name
 
 
 def _mutable_key(key: str) -> str:
@@ -46,7 +46,7 @@ def _mutable_key(key: str) -> str:
     return canonical
 
 
-def validate(parameters: Mapping[str, str]) -> dict[str, str]:
+def validate(parameters: Mapping[str, str], lenient_tags: bool = False) -> dict[str, str]:
     """Canonical VolumeAttributesClass parameters: `type`, `iops`, `throughput`, and tag changes:
     `tagSpecification_<n>` (key=template, as in a StorageClass) sets a tag, `tagDeletion_<n>` (a tag
     key) removes one; a key both set and removed -> InvalidParameterError."""
@@ -56,9 +56,10 @@ def validate(parameters: Mapping[str, str]) -> dict[str, str]:
         canonical = _mutable_key(key)
         if canonical in out:
             raise InvalidParameterError(f"parameter {key!r} is given twice (keys are case-insensitive)")
-        for prefix, check in ((P.TAG_PREFIX, P.tag_entry), (P.TAG_DELETION_PREFIX, _deleted_tag)):
-            if canonical.startswith(prefix):
-                changed[prefix].append(check(key, value)[0])
+        if canonical.startswith(P.TAG_PREFIX):
+            changed[P.TAG_PREFIX].append(P.check_tag(key, value, lenient_tags))
+        elif canonical.startswith(P.TAG_DELETION_PREFIX):
+            changed[P.TAG_DELETION_PREFIX].append(_deleted_tag(key, value))
         out[canonical] = value.strip()
     both = sorted(set(changed[P.TAG_PREFIX]) & set(changed[P.TAG_DELETION_PREFIX]))
     if both:
@@ -79,11 +80,14 @@ class TagChanges(NamedTuple):
         return bool(self.put or self.delete)
 
 
-def tag_changes(parameters: Mapping[str, str], metadata: Mapping[str, str]) -> TagChanges:
+def tag_changes(
+    parameters: Mapping[str, str], metadata: Mapping[str, str], lenient_tags: bool = False
+) -> TagChanges:
     """The tag changes among validated `parameters` (validate), rendered over the claim's
-    `metadata`. A template these names cannot render -> InvalidParameterError."""
+    `metadata`. A template these names cannot render -> InvalidParameterError (`lenient_tags`: the
+    tag left off, P.tag_entry)."""
     deleted = {v.strip() for k, v in parameters.items() if k.startswith(P.TAG_DELETION_PREFIX)}
-    return TagChanges(P.spec_tags(parameters, VOLUME_FIELDS, metadata), tuple(sorted(deleted)))
+    return TagChanges(P.spec_tags(parameters, VOLUME_FIELDS, metadata, lenient_tags), tuple(sorted(deleted)))
 
 
 def settings(parameters: Mapping[str, str]) -> dict[str, str]:

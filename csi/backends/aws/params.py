@@ -7,6 +7,7 @@ and come back under one canonical spelling.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -14,8 +15,10 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from csi import keys
-from csi.backends.aws.tagvalues import VOLUME_FIELDS, parse
+from csi.backends.aws.tagvalues import VOLUME_FIELDS, Template, parse
 from csi.failures import InvalidParameterError, NotFoundError, OutOfRangeError
+
+log = logging.getLogger("ballast.aws")
 
 # ---- canonical parameter keys
 TYPE = "type"
@@ -166,19 +169,40 @@ def _bool(key: str, value: str) -> bool:
     return lowered == "true"
 
 
-def tag_entry(
-    key: str, value: str, fields: Mapping[str, str] = VOLUME_FIELDS, metadata: Mapping[str, str] | None = None
-) -> tuple[str, str]:
-    """(name, value) of a `tagSpecification_<n>` parameter, its template rendered over the sidecar's
-    `metadata` (tagvalues.py; None: only checked, the value left empty)."""
+def check_tag(key: str, value: str, lenient: bool = False) -> str:
+    """The tag name of a `tagSpecification_<n>` parameter, checked before any volume exists: no
+    `name=` -> InvalidParameterError. Unless `lenient` (--aws-warn-on-invalid-tag, which leaves them to
+    tag_entry), a reserved name or a template that cannot render is refused too."""
     name, sep, tag_value = value.partition("=")
     name = name.strip()
     if not sep or not name:
         raise InvalidParameterError(f"parameter {key}: expected key=value, got {value!r}")
+    if not lenient:
+        _tag(key, name, tag_value, VOLUME_FIELDS)
+    return name
+
+
+def tag_entry(
+    key: str, value: str, fields: Mapping[str, str], metadata: Mapping[str, str], lenient: bool = False
+) -> tuple[str, str] | None:
+    """(name, value) of a `tagSpecification_<n>` parameter, its template rendered over the sidecar's
+    `metadata` (tagvalues.py). A reserved name or a template these names cannot render ->
+    InvalidParameterError, or with `lenient` a warning and None: the tag is left off, as the EBS CSI
+    driver's --warn-on-invalid-tag does."""
+    name = check_tag(key, value, lenient=True)
+    try:
+        return name, _tag(key, name, value.partition("=")[2], fields).render(metadata)
+    except InvalidParameterError as refused:
+        if not lenient:
+            raise
+        log.warning("tag left off (--aws-warn-on-invalid-tag): %s", refused)
+        return None
+
+
+def _tag(key: str, name: str, tag_value: str, fields: Mapping[str, str]) -> Template:
     if reserved_tag(name):
         raise InvalidParameterError(f"parameter {key}: tag key {name!r} is reserved for the driver or AWS")
-    template = parse(key, tag_value.strip(), fields)
-    return name, "" if metadata is None else template.render(metadata)
+    return parse(key, tag_value.strip(), fields)
 
 
 def check_type(value: str) -> str:
@@ -190,10 +214,11 @@ def check_type(value: str) -> str:
     return lowered
 
 
-def validate(parameters: Mapping[str, str]) -> dict[str, str]:
+def validate(parameters: Mapping[str, str], lenient_tags: bool = False) -> dict[str, str]:
     """Canonical, checked StorageClass parameters. Unknown keys and bad values raise
-    InvalidParameterError naming the key. Format keys and `csi.storage.k8s.io/` keys pass through."""
-    out = _canonical(parameters)
+    InvalidParameterError naming the key. Format keys and `csi.storage.k8s.io/` keys pass through.
+    `lenient_tags`: tags are checked as check_tag(lenient=True) does."""
+    out = _canonical(parameters, lenient_tags)
     kind = check_type(out.get(TYPE, DEFAULT_TYPE))
     out[TYPE] = kind
     _check_iops(out, kind)
@@ -214,7 +239,7 @@ def validate(parameters: Mapping[str, str]) -> dict[str, str]:
     return out
 
 
-def _canonical(parameters: Mapping[str, str]) -> dict[str, str]:
+def _canonical(parameters: Mapping[str, str], lenient_tags: bool) -> dict[str, str]:
     """Parameters under their canonical spelling (keys are case-insensitive); a key given twice or an
     unknown key -> InvalidParameterError."""
     out: dict[str, str] = {}
@@ -229,7 +254,7 @@ def _canonical(parameters: Mapping[str, str]) -> dict[str, str]:
         if lowered in _CANONICAL:
             canonical = _CANONICAL[lowered]
         elif tag_key is not None:
-            tag_entry(key, value)
+            check_tag(key, value, lenient_tags)
             canonical = tag_key
         else:
             raise InvalidParameterError(f"unknown parameter {key!r} for the EBS backend")
@@ -352,13 +377,16 @@ def restore_arguments(params: Mapping[str, str]) -> dict[str, object]:
 
 
 def spec_tags(
-    params: Mapping[str, str], fields: Mapping[str, str], metadata: Mapping[str, str]
+    params: Mapping[str, str], fields: Mapping[str, str], metadata: Mapping[str, str], lenient: bool = False
 ) -> dict[str, str]:
     """Tags from the tagSpecification_N keys of `params`, their templates over `fields` (tagvalues.py)
-    rendered with the sidecar's `metadata`."""
-    return dict(
-        tag_entry(key, params[key], fields, metadata) for key in sorted(params) if key.startswith(TAG_PREFIX)
+    rendered with the sidecar's `metadata`; `lenient`: see tag_entry."""
+    entries = (
+        tag_entry(key, params[key], fields, metadata, lenient)
+        for key in sorted(params)
+        if key.startswith(TAG_PREFIX)
     )
+    return dict(entry for entry in entries if entry is not None)
 
 
 def created_for_tags(metadata: Mapping[str, str]) -> dict[str, str]:

@@ -33,7 +33,7 @@ DESCRIPTION = "Created by ebs.csi.aws.com-compatible Ballast for {name}"
 
 
 def _snapshot_tags(
-    name: str, parameters: Mapping[str, str], metadata: Mapping[str, str], owner: OwnerTags
+    name: str, parameters: Mapping[str, str], metadata: Mapping[str, str], owner: OwnerTags, lenient: bool
 ) -> dict[str, str]:
     specs = {}
     for key, value in parameters.items():
@@ -42,16 +42,19 @@ def _snapshot_tags(
             specs[tag_key] = value
         else:
             raise InvalidParameterError(f"unknown snapshot parameter {key!r} for the EBS backend")
-    user = P.spec_tags(specs, SNAPSHOT_FIELDS, metadata)
+    user = P.spec_tags(specs, SNAPSHOT_FIELDS, metadata, lenient)
     return {**owner.snapshot(name), **user, P.TAG_SNAPSHOT_NAME: name, P.TAG_DRIVER: "true"}
 
 
 class EbsSnapshots:
-    def __init__(self, ec2: Ec2, zones: Zones, zone_key: str, owner: OwnerTags) -> None:
+    def __init__(
+        self, ec2: Ec2, zones: Zones, zone_key: str, owner: OwnerTags, lenient_tags: bool = False
+    ) -> None:
         self._ec2 = ec2
         self._zones = zones
         self._zone_key = zone_key
         self._owner = owner
+        self._lenient_tags = lenient_tags  # --aws-warn-on-invalid-tag (P.tag_entry)
         self._locks = KeyedLocks()
 
     def _accessible(self, requisite: Sequence[Mapping[str, str]]) -> list[str]:
@@ -78,7 +81,7 @@ class EbsSnapshots:
     ) -> Snapshot:
         """Idempotent by name; the same name for another source -> AlreadyExistsError."""
         vid = P.volume_id(source_volume_id)
-        snapshot_tags = _snapshot_tags(name, parameters, metadata, self._owner)
+        snapshot_tags = _snapshot_tags(name, parameters, metadata, self._owner, self._lenient_tags)
         zones = self._accessible(requisite)
         if zones:
             snapshot_tags[TAG_ACCESSIBLE_ZONES] = ",".join(zones)

@@ -120,11 +120,14 @@ def fixed_differences(
 class VolumeCreator:
     """The CreateVolume path of the aws backend."""
 
-    def __init__(self, ec2: Ec2, zones: Zones, zone_key: str, owner: OwnerTags) -> None:
+    def __init__(
+        self, ec2: Ec2, zones: Zones, zone_key: str, owner: OwnerTags, lenient_tags: bool = False
+    ) -> None:
         self._ec2 = ec2
         self._zones = zones
         self._zone_key = zone_key
         self._owner = owner
+        self._lenient_tags = lenient_tags  # --aws-warn-on-invalid-tag (P.tag_entry)
         self._locks = KeyedLocks()
         self._copy_volumes = True  # False once the endpoint answered that it lacks CopyVolumes
 
@@ -149,7 +152,8 @@ class VolumeCreator:
                     f"multi-node access needs EBS Multi-Attach: type io2 (or io1), not {params[P.TYPE]}"
                 )
             args["MultiAttachEnabled"] = True
-        user_tags = P.spec_tags(params, VOLUME_FIELDS, options.metadata)  # compared when the name exists
+        # compared when the name exists
+        user_tags = P.spec_tags(params, VOLUME_FIELDS, options.metadata, self._lenient_tags)
         tags = {
             **self._owner.volume(name),  # the operator's: under the class's, not compared either
             P.TAG_VOLUME_NAME: name,
