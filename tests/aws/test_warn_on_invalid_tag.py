@@ -68,11 +68,11 @@ def test_a_retry_with_a_left_off_tag_is_the_same_volume(lenient: AwsBackend) -> 
     assert _create(lenient, bad) == _create(lenient, bad)
 
 
-@pytest.mark.parametrize("make", [False, True], ids=["strict", "lenient"])
+@pytest.mark.parametrize("warn", [False, True], ids=["strict", "lenient"])
 def test_a_value_without_key_is_refused_either_way(
-    make_backend: Callable[..., AwsBackend], make: bool
+    make_backend: Callable[..., AwsBackend], warn: bool
 ) -> None:
-    backend = make_backend(warn_on_invalid_tag=make)
+    backend = make_backend(warn_on_invalid_tag=warn)
     with pytest.raises(InvalidParameterError, match="tagSpecification_2: expected key=value"):
         backend.validate_parameters({**GOOD, "tagSpecification_2": "just-a-value"})
 

@@ -170,15 +170,11 @@ def _bool(key: str, value: str) -> bool:
 
 
 def check_tag(key: str, value: str, lenient: bool = False) -> str:
-    """The tag name of a `tagSpecification_<n>` parameter, checked before any volume exists: no
-    `name=` -> InvalidParameterError. Unless `lenient` (--aws-warn-on-invalid-tag, which leaves them to
-    tag_entry), a reserved name or a template that cannot render is refused too."""
-    name, sep, tag_value = value.partition("=")
-    name = name.strip()
-    if not sep or not name:
-        raise InvalidParameterError(f"parameter {key}: expected key=value, got {value!r}")
+    """The tag name of a `tagSpecification_<n>` parameter, checked before anything is made; unless
+    `lenient` (--aws-warn-on-invalid-tag: tag_entry's turn) a reserved name or bad template is refused."""
+    name, tag_value = _split_tag(key, value)
     if not lenient:
-        _tag(key, name, tag_value, VOLUME_FIELDS)
+        _template(key, name, tag_value, VOLUME_FIELDS)
     return name
 
 
@@ -189,9 +185,9 @@ def tag_entry(
     `metadata` (tagvalues.py). A reserved name or a template these names cannot render ->
     InvalidParameterError, or with `lenient` a warning and None: the tag is left off, as the EBS CSI
     driver's --warn-on-invalid-tag does."""
-    name = check_tag(key, value, lenient=True)
+    name, tag_value = _split_tag(key, value)
     try:
-        return name, _tag(key, name, value.partition("=")[2], fields).render(metadata)
+        return name, _template(key, name, tag_value, fields).render(metadata)
     except InvalidParameterError as refused:
         if not lenient:
             raise
@@ -199,7 +195,16 @@ def tag_entry(
         return None
 
 
-def _tag(key: str, name: str, tag_value: str, fields: Mapping[str, str]) -> Template:
+def _split_tag(key: str, value: str) -> tuple[str, str]:
+    """(name, template text) of `name=template`; no `name=` -> InvalidParameterError, lenient or not."""
+    name, sep, tag_value = value.partition("=")
+    name = name.strip()
+    if not sep or not name:
+        raise InvalidParameterError(f"parameter {key}: expected key=value, got {value!r}")
+    return name, tag_value
+
+
+def _template(key: str, name: str, tag_value: str, fields: Mapping[str, str]) -> Template:
     if reserved_tag(name):
         raise InvalidParameterError(f"parameter {key}: tag key {name!r} is reserved for the driver or AWS")
     return parse(key, tag_value.strip(), fields)
