@@ -273,6 +273,56 @@ def test_clone_copies_data_and_source_size_limits_it(be: LocalBackend) -> None:
         )
 
 
+def test_a_clone_sizes_its_source_under_the_source_lock(data: Path, be: LocalBackend) -> None:
+    """A source expanded while the clone waits for its lock (behind a snapshot copy, say) is sized
+    again once the clone holds it: now larger than the request -> OUT_OF_RANGE, and no clone whose file
+    is bigger than its record."""
+    vol = be.create_volume("src", DiskOptions(size_bytes=16 * MiB))
+    clone = DiskOptions(size_bytes=16 * MiB, source=ContentSource(SourceKind.VOLUME, vol.id))
+    with futures.ThreadPoolExecutor(1) as pool:
+        with be._locks.hold(vol.id):  # the source busy; an expand then grows it under its lock
+            pending = pool.submit(be.create_volume, "clone", clone)
+            deadline = time.monotonic() + 5
+            while be._locks._entries[vol.id].users < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            be.store.set_size(vol.id, 64 * MiB)
+            files.grow(be.volume_path(vol.id), 64 * MiB)
+        with pytest.raises(failures.OutOfRangeError, match="larger than"):
+            pending.result(10)
+    assert be.store.volume_by_name("clone") is None
+    assert volume_files(data) == [f"{vol.id}.img"]
+
+
+@pytest.mark.parametrize("size", [None, 4 * MiB], ids=["no-size", "size-below-source"])
+def test_copy_never_makes_a_file_longer_than_asked(tmp_path: Path, size: int | None) -> None:
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    src.write_bytes(b"x" * (8 * MiB))
+    if size is None:
+        files.copy(str(src), str(dst))
+        assert dst.stat().st_size == 8 * MiB
+        return
+    with pytest.raises(failures.OutOfRangeError, match="larger than"):
+        files.copy(str(src), str(dst), size)
+    assert not dst.exists()
+
+
+def test_a_restore_whose_snapshot_is_deleted_mid_copy_is_not_found(
+    be: LocalBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    vol = be.create_volume("src", DiskOptions(size_bytes=MiB))
+    snap = be.create_snapshot("s", vol.id, {})
+    real_copy = files.copy
+
+    def deleted_first(src: str, dst: str, size: int | None = None, **kw: Any) -> bool:
+        be.delete_snapshot(snap.id)
+        return real_copy(src, dst, size, **kw)
+
+    monkeypatch.setattr(files, "copy", deleted_first)
+    with pytest.raises(failures.NotFoundError, match="deleted during the copy"):
+        be.create_volume("r", DiskOptions(size_bytes=MiB, source=ContentSource(SourceKind.SNAPSHOT, snap.id)))
+    assert be.store.volume_by_name("r") is None
+
+
 def test_delete_refuses_published_volume_and_keeps_snapshots(data: Path, be: LocalBackend) -> None:
     vol = be.create_volume("v", DiskOptions(size_bytes=GiB))
     snap = be.create_snapshot("s", vol.id, {})

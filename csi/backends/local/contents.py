@@ -24,22 +24,23 @@ CREATE_FAILPOINTS = {
 }
 
 
-def source_file(layout: Layout, store: Store, source: ContentSource, size: int) -> tuple[str, str]:
-    """(path, volume id to lock) of a content source; missing -> NotFound, bigger -> OutOfRange."""
+def source_file(layout: Layout, store: Store, source: ContentSource, size: int) -> str:
+    """The file of a content source; missing -> NotFound, bigger than `size` -> OutOfRange. A source
+    volume's size is only settled under its lock (an expand may be growing it)."""
     if source.kind is SourceKind.SNAPSHOT:
         path = layout.snapshot_file(source.id)
         snap = store.snapshot(source.id)
         if snap is None:
             raise NotFoundError(f"source snapshot {source.id} not found")
-        src_size, lock = snap.size, ""
+        src_size = snap.size
     else:
         path = layout.volume_file(source.id)
-        src_size, lock = store.existing_volume(source.id).size, source.id
+        src_size = store.existing_volume(source.id).size
     if src_size > size:
         raise OutOfRangeError(
             f"source {source.kind.value} {source.id} is {src_size} bytes, larger than the requested {size}"
         )
-    return path, lock
+    return path
 
 
 def file_first(
@@ -67,12 +68,14 @@ def write_volume_file(
     if options.source is None:
         files.create_sparse(path, options.size_bytes)
         return
-    src, lock = source_file(layout, store, options.source, options.size_bytes)
-    held = (lambda: hold(lock, src)) if lock else nullcontext  # a snapshot's file never changes
+    source = options.source
+    lock = source.id if source.kind is SourceKind.VOLUME else ""  # a snapshot's file never changes
     with locks.hold(*([lock] if lock else [])):
+        src = source_file(layout, store, source, options.size_bytes)
+        held = (lambda: hold(lock, src)) if lock else nullcontext
         try:
             files.copy(src, path, options.size_bytes, held=held)
         except FileNotFoundError as exc:
-            raise FailedPreconditionError(
-                f"the backing file of source {options.source.id} is missing"
-            ) from exc
+            if source.kind is SourceKind.SNAPSHOT and store.snapshot(source.id) is None:
+                raise NotFoundError(f"source snapshot {source.id} was deleted during the copy") from exc
+            raise FailedPreconditionError(f"the backing file of source {source.id} is missing") from exc

@@ -122,8 +122,8 @@ def copy(
     copy. Returns True when the copy shares blocks (reflink). `dst` is durable (file, then directory)
     on return. Refuses to overwrite `dst`; on failure `dst` is removed. A missing `src` raises
     FileNotFoundError; no space -> OutOfCapacityError, before `held()` when the source's data already
-    exceeds the free space; a size the filesystem cannot hold -> OutOfRangeError. Made by root, `dst`
-    is its directory's owner's (ownership.py).
+    exceeds the free space; a size the filesystem cannot hold, or a `src` longer than `size` ->
+    OutOfRangeError. Made by root, `dst` is its directory's owner's (ownership.py).
     """
     src_fd = os.open(src, os.O_RDONLY | os.O_CLOEXEC)
     try:
@@ -131,6 +131,8 @@ def copy(
         try:
             ownership.hand_over(dst_fd, os.path.dirname(dst))
             length = os.fstat(src_fd).st_size
+            if size is not None and length > size:  # never a file bigger than its record says
+                raise OutOfRangeError(f"{src} is {length} bytes, larger than the {size} asked for")
             shared = _reflink(src_fd, dst_fd)
             if not shared:
                 _room_for(src_fd, dst)
