@@ -85,6 +85,14 @@ def belongs(numbers: DeviceNumbers, device: str) -> bool:
     return numbers in family(device)
 
 
+def member_node(device: str, numbers: DeviceNumbers) -> str:
+    """The node of `device` or of its partition with device numbers `numbers` (which belong to it):
+    /dev/loop0 + the numbers of loop0p1 -> /dev/loop0p1."""
+    if numbers == rdev(device):
+        return device
+    return "/dev/" + os.path.basename(os.path.realpath(f"/sys/dev/block/{numbers[0]}:{numbers[1]}"))
+
+
 def whole_device(device: str) -> str:
     """/dev/loop0p1 -> /dev/loop0 (the disk a partition belongs to); a whole disk -> itself."""
     real = os.path.realpath(device)

@@ -46,30 +46,43 @@ def stats(mounter: Mounter, volume_id: str, device: str, path: str) -> VolumeSta
 
 def expand(mounter: Mounter, volume_id: str, device: str, path: str, required: int, block: bool) -> int:
     """Grow the filesystem mounted at `path` to its (already expanded) device; returns the device size
-    (block access: just the size)."""
+    (block access: just the size). `device` is the disk a stage prepared; what is sized and grown is
+    the device at or mounted at `path`, the partition a stage used included: read from the host, so a
+    restart that forgot which partition that was grows the same one."""
     with os_failures():
-        size = devices.device_size(device)
-        if required > size:
-            raise OutOfRangeError(
-                f"the device of {volume_id} holds {size} bytes, less than the requested {required}; "
-                "expand the volume on the controller first"
-            )
-        if _block_numbers(path) is not None or block:
-            return size
+        numbers = _block_numbers(path)
+        if numbers is not None:
+            if not devices.belongs(numbers, device):
+                raise NotFoundError(f"{path} is not a device of volume {volume_id}")
+            return _holds(volume_id, devices.device_size(path), required)
+        if block:
+            return _holds(volume_id, devices.device_size(device), required)
         mount = mounter.mount_at(path)
         if mount is None or not devices.belongs((mount.major, mount.minor), device):
             raise NotFoundError(f"volume {volume_id} is not mounted at {path}")
+        mounted = devices.member_node(device, (mount.major, mount.minor))
+        size = _holds(volume_id, devices.device_size(mounted), required)
         if mount.fs_type not in FS_TYPES:
             raise FailedPreconditionError(f"cannot grow a {mount.fs_type} filesystem")
         if mount.readonly or "ro" in mount.super_options:
             raise FailedPreconditionError(f"{path} is mounted read-only; the filesystem cannot grow")
         try:
-            mounter.grow(device, path, mount.fs_type)
+            mounter.grow(mounted, path, mount.fs_type)
         except OnlineGrowthDenied as exc:
             # csi-rules: a filesystem that cannot grow while published is FAILED_PRECONDITION
             raise FailedPreconditionError(str(exc)) from exc
         failpoints.hit("node.expand.grown")
         return size
+
+
+def _holds(volume_id: str, size: int, required: int) -> int:
+    """`size`, when it holds `required` bytes (OutOfRangeError otherwise)."""
+    if required > size:
+        raise OutOfRangeError(
+            f"the device of {volume_id} holds {size} bytes, less than the requested {required}; "
+            "expand the volume on the controller first"
+        )
+    return size
 
 
 def _block_numbers(path: str) -> DeviceNumbers | None:

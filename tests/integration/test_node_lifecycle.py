@@ -205,6 +205,24 @@ def test_partition_table_is_never_formatted_and_partition_attribute_selects_one(
     assert stats.usage[0].total < 63 * MiB
 
 
+@pytest.mark.parametrize("fs_type", ["ext4", "xfs"])
+def test_expand_after_a_restart_grows_the_partition_the_stage_used(node_env: NodeEnv, fs_type: str) -> None:
+    """A restarted node plugin has forgotten which partition the stage used: NodeExpandVolume finds it
+    mounted at the path, and never sizes or grows the whole disk under it."""
+    vol = node_env.volume(800 * MiB)
+    write_mbr(vol.file, 2048, 400 * MiB // 512 - 2048)
+    cap, context = mount_cap(fs_type), {"partition": "1"}
+    node_env.stage(vol, cap, context=context)
+    node_env.publish(vol, cap, context=context)
+    request = csi_pb2.NodeExpandVolumeRequest(volume_id=vol.id, volume_path=vol.target)
+    for when in ("before", "after"):
+        reply = node_env.client.node.NodeExpandVolume(request, timeout=60)
+        assert reply.capacity_bytes == 399 * MiB, f"{when} the restart"
+        info = Mounter().mount_at(vol.target)
+        assert info is not None and info.source.endswith("p1")
+        node_env.restart()
+
+
 def test_restart_between_stage_and_publish(node_env: NodeEnv) -> None:
     vol = node_env.volume()
     cap = mount_cap()
