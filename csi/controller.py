@@ -33,6 +33,7 @@ from csi.validation import (
     check_capability_form,
     check_ids,
     check_string,
+    filesystem_floor,
     is_block,
     require,
     sidecar_metadata,
@@ -113,11 +114,15 @@ class ControllerService(ControllerHealthRPCs, csi_pb2_grpc.ControllerServicer):
         caps = list(request.volume_capabilities)
         check_capabilities(caps)
         _check_fs_type(caps)
-        b = self._backend.capabilities
-        size = capacity_bytes(
-            request.capacity_range, default=b.default_size, granularity=b.size_granularity, minimum=b.min_size
-        )
         volume_context, rest = split_parameters(request.parameters, caps)
+        b = self._backend.capabilities
+        floor = filesystem_floor(request.capacity_range, volume_context, caps)
+        size = capacity_bytes(
+            request.capacity_range,
+            default=b.default_size,
+            granularity=b.size_granularity,
+            minimum=max(b.min_size, floor),
+        )
         options = DiskOptions(
             size_bytes=size,
             parameters=self._backend.validate_parameters(rest),

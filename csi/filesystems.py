@@ -17,6 +17,8 @@ from csi.values import Parser, boolean, checked, power_of_two, whole
 FS_TYPES = ("ext4", "ext3", "xfs")
 DEFAULT_FS_TYPE = "ext4"
 EXT_TYPES = frozenset({"ext3", "ext4"})
+# The smallest device each filesystem is made on: mkfs.xfs (xfsprogs 5.19 and later) refuses less.
+MIN_DEVICE_BYTES = {"xfs": 300 * 1024 * 1024}
 
 
 def parse_fs_type(value: str) -> str:

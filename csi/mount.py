@@ -98,9 +98,11 @@ class SubprocessRunner:
 
 
 def _fail(result: Result, what: str) -> MountError:
-    detail = (result.stderr or result.stdout).strip().splitlines()
-    tail = detail[-1] if detail else f"exit code {result.returncode}"
-    return MountError(f"{what} failed: {tail}")
+    """`what` failed, in the program's words: its first line (where most programs give the cause, before
+    any usage text) and its last (where e2fsprogs do, after a version banner); else its exit code."""
+    lines = [line.strip() for line in (result.stderr or result.stdout).splitlines() if line.strip()]
+    said = "; ".join(dict.fromkeys([lines[0], lines[-1]])) if lines else f"exit code {result.returncode}"
+    return MountError(f"{what} failed: {said}")
 
 
 # ---------------------------------------------------------------------------- mount table

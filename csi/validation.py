@@ -15,7 +15,7 @@ from google.protobuf.message import Message
 from csi import keys, values
 from csi._proto import csi_pb2
 from csi.failures import InvalidParameterError, OutOfRangeError
-from csi.filesystems import mkfs_argv, parse_fs_type, requested_fs_type
+from csi.filesystems import DEFAULT_FS_TYPE, MIN_DEVICE_BYTES, mkfs_argv, parse_fs_type, requested_fs_type
 
 AccessMode = csi_pb2.VolumeCapability.AccessMode
 
@@ -200,6 +200,26 @@ def capacity_bytes(cr: csi_pb2.CapacityRange, *, default: int, granularity: int,
     return size
 
 
+def filesystem_floor(
+    cr: csi_pb2.CapacityRange, context: Mapping[str, str], caps: Iterable[csi_pb2.VolumeCapability]
+) -> int:
+    """The least size a volume mounted with `caps` may have, for the filesystem each mount capability
+    would get on the node (0 for block access): a volume its mkfs refuses could never be staged. A
+    limit_bytes below it -> OUT_OF_RANGE naming the filesystem."""
+    wanted = (requested_fs_type(fs, context) or DEFAULT_FS_TYPE for fs in _mounts(caps))
+    floor, fs = max(((MIN_DEVICE_BYTES.get(f, 0), f) for f in wanted), default=(0, ""))
+    if cr.limit_bytes and cr.limit_bytes < floor:
+        raise OutOfRangeError(
+            f"an {fs} filesystem needs a volume of at least {floor} bytes; limit_bytes is {cr.limit_bytes}"
+        )
+    return floor
+
+
+def _mounts(caps: Iterable[csi_pb2.VolumeCapability]) -> list[str]:
+    """The fs_type of each mount capability ('' where it names none)."""
+    return [c.mount.fs_type for c in caps if c.HasField("mount")]
+
+
 # ---- StorageClass parameters common to every backend
 
 MAX_PARTITION = 128
@@ -253,8 +273,7 @@ def check_format(context: Mapping[str, str], caps: Iterable[csi_pb2.VolumeCapabi
     without a mount capability, for the fsType parameter or the default. What the node would refuse (an
     unsupported fs type too) -> INVALID_ARGUMENT naming the parameter and what is allowed, so no volume
     is created that can never be staged."""
-    mounts = [c.mount.fs_type for c in caps if c.HasField("mount")]
-    for fs in sorted({requested_fs_type(fs, context) for fs in mounts or [""]}):
+    for fs in sorted({requested_fs_type(fs, context) for fs in _mounts(caps) or [""]}):
         mkfs_argv("/dev/null", fs, context, "parameter")
 
 

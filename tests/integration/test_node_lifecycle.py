@@ -440,11 +440,12 @@ def test_storage_class_fs_type_and_mkfs_options_reach_mkfs(node_env: NodeEnv) ->
     created = node_env.client.controller.CreateVolume(
         csi_pb2.CreateVolumeRequest(
             name="sc-options",
-            capacity_range=csi_pb2.CapacityRange(required_bytes=320 * MiB),
+            capacity_range=csi_pb2.CapacityRange(required_bytes=100 * MiB),
             volume_capabilities=[cap],
             parameters={"csi.storage.k8s.io/fstype": "xfs", "inodeSize": "1024"},
         )
     ).volume
+    assert created.capacity_bytes == 300 * MiB, "raised to the smallest device mkfs.xfs formats"
     vol = node_env.volume(16 * MiB)  # paths only; the volume under test is the one created above
     vol.id = created.volume_id
     vol.publish_context = dict(node_env.driver.backend.attach(vol.id, "itest-node", False))

@@ -221,6 +221,44 @@ def test_create_volume_sizes(env: Env, capacity: csi_pb2.CapacityRange | None, e
     assert vol.capacity_bytes == expected
 
 
+XFS_FLOOR = 300 * MiB  # mkfs.xfs refuses a smaller device
+
+
+@pytest.mark.parametrize(
+    ("caps", "params", "capacity", "expected"),
+    [
+        pytest.param([mount(fs="xfs")], {}, 100 * MiB, XFS_FLOOR, id="xfs-capability-raised-to-its-floor"),
+        pytest.param([mount()], {keys.FS_TYPE: "xfs"}, 100 * MiB, XFS_FLOOR, id="xfs-parameter-raised"),
+        pytest.param([mount(fs="xfs")], {}, 400 * MiB, 400 * MiB, id="xfs-above-its-floor"),
+        pytest.param([mount(fs="ext4"), mount(fs="xfs")], {}, MiB, XFS_FLOOR, id="largest-floor-of-all"),
+        pytest.param([mount()], {}, 100 * MiB, 100 * MiB, id="ext4-has-no-floor"),
+        pytest.param([block()], {keys.FS_TYPE: "xfs"}, 100 * MiB, 100 * MiB, id="block-is-never-formatted"),
+    ],
+)
+def test_create_volume_is_never_too_small_for_its_filesystem(
+    env: Env, caps: list[csi_pb2.VolumeCapability], params: dict[str, str], capacity: int, expected: int
+) -> None:
+    vol = env.create(
+        volume_capabilities=caps,
+        parameters=params,
+        capacity_range=csi_pb2.CapacityRange(required_bytes=capacity),
+    )
+    assert vol.capacity_bytes == expected
+
+
+def test_create_volume_limited_below_its_filesystems_floor_is_out_of_range(env: Env) -> None:
+    request = csi_pb2.CreateVolumeRequest(
+        name="small-xfs",
+        volume_capabilities=[mount(fs="xfs")],
+        capacity_range=csi_pb2.CapacityRange(required_bytes=100 * MiB, limit_bytes=200 * MiB),
+    )
+    with pytest.raises(
+        failures.OutOfRangeError, match="an xfs filesystem needs a volume of at least 314572800"
+    ):
+        env.ctl.CreateVolume(request, CTX)
+    assert env.backend.volumes == {}
+
+
 def test_create_volume_response_carries_context_topology_and_strips_k8s_keys(env: Env) -> None:
     params = {keys.FS_TYPE: "XFS", keys.PVC_NAME: "data", keys.BLOCK_SIZE: "4096", "type": "gp3"}
     vol = env.create(parameters=params)

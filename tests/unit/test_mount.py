@@ -392,10 +392,33 @@ def test_bind_readonly_program_fallback_remounts(tmp_path: Path) -> None:
     assert runner.calls == [("mount", "--bind", "/a", "/b"), ("mount", "-o", "remount,bind,ro,nodev", "/b")]
 
 
-def test_mkfs_failure_names_the_command(tmp_path: Path) -> None:
-    runner = FakeRunner().on("mkfs.ext4", returncode=1, stderr="line1\ndevice is busy")
-    with pytest.raises(MountError, match=r"mkfs\.ext4 on /dev/x failed: device is busy"):
+@pytest.mark.parametrize(
+    ("stderr", "stdout", "said"),
+    [
+        pytest.param("device is busy\n", "", "device is busy", id="one-line"),
+        pytest.param(
+            "Filesystem must be larger than 300MB.\nUsage: mkfs.xfs\n\n<value> is xxx (512 byte blocks).\n",
+            "",
+            "Filesystem must be larger than 300MB.; <value> is xxx (512 byte blocks).",
+            id="cause-first-then-usage",
+        ),
+        pytest.param(
+            "mke2fs 1.47.0 (5-Feb-2023)\n\nmke2fs: Device or resource busy while setting up superblock\n",
+            "",
+            "mke2fs 1.47.0 (5-Feb-2023); mke2fs: Device or resource busy while setting up superblock",
+            id="banner-first-then-cause",
+        ),
+        pytest.param("", "only on stdout\n", "only on stdout", id="stdout-when-stderr-is-empty"),
+        pytest.param("", "", "exit code 1", id="silent"),
+    ],
+)
+def test_mkfs_failure_names_the_command_and_what_it_said(
+    tmp_path: Path, stderr: str, stdout: str, said: str
+) -> None:
+    runner = FakeRunner().on("mkfs.ext4", returncode=1, stderr=stderr, stdout=stdout)
+    with pytest.raises(MountError) as raised:
         fake_mounter(tmp_path, runner).mkfs("/dev/x", "ext4", {})
+    assert str(raised.value) == f"mkfs.ext4 on /dev/x failed: {said}"
 
 
 MKE2FS_1_47 = "mke2fs 1.47.0 (5-Feb-2023)\n\tUsing EXT2FS Library version 1.47.0\n"
