@@ -181,16 +181,19 @@ def _backend_flags(be: argparse._ArgumentGroup) -> None:
     )
     be.add_argument(
         "--data-dir",
+        type=flagtypes.absolute,
         default=EnvDefault("BALLAST_DATA_DIR", "/var/lib/ballast"),
         help="local backend: volume files and state database [BALLAST_DATA_DIR] (default: /var/lib/ballast)",
     )
     be.add_argument(
         "--zone",
+        type=flagtypes.zone,
         default=EnvDefault("BALLAST_ZONE", "local"),
         help="local backend: topology zone of this data dir [BALLAST_ZONE] (default: local)",
     )
     be.add_argument(
         "--region",
+        type=flagtypes.label_value,
         default=EnvDefault("BALLAST_REGION", ""),
         help="local backend: optional topology region [BALLAST_REGION]",
     )

@@ -36,10 +36,6 @@ def positive(text: str) -> int:
 
 # Spec, GetPluginInfo: "domain name notation", at most 63 characters, alphanumeric at both ends, with
 # dashes, dots and alphanumerics between.
-
-
-# Spec, GetPluginInfo: "domain name notation", at most 63 characters, alphanumeric at both ends, with
-# dashes, dots and alphanumerics between.
 DRIVER_NAME = re.compile(r"[A-Za-z0-9]([-.A-Za-z0-9]{0,61}[A-Za-z0-9])?")
 
 
@@ -68,14 +64,20 @@ def non_negative(text: str) -> int:
 
 
 def endpoint(text: str) -> str:
-    if text.startswith("unix://") and len(text) > len("unix://"):
+    """unix:///absolute/path.sock, or tcp://<loopback host>:<port>."""
+    if text.startswith("unix:///") and len(text) > len("unix:///"):
         return text
     if text.startswith("tcp://"):
-        host = text[len("tcp://") :].rsplit(":", 1)[0].strip("[]")
+        try:
+            host, _ = parse_address(text[len("tcp://") :])
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected tcp://127.0.0.1:<port 0-65535>, got {text!r}"
+            ) from None
         if host in ("127.0.0.1", "localhost", "::1"):
             return text
         raise argparse.ArgumentTypeError(f"tcp endpoints must be loopback (127.0.0.1, ::1), got {text!r}")
-    raise argparse.ArgumentTypeError(f"expected unix:///path/to/csi.sock, got {text!r}")
+    raise argparse.ArgumentTypeError(f"expected unix:///absolute/path/to/csi.sock, got {text!r}")
 
 
 def parse_address(address: str) -> tuple[str, int]:
@@ -121,6 +123,27 @@ def block_size(text: str) -> int:
     if value and (value & (value - 1) or not 4096 <= value <= 1024**2):
         raise argparse.ArgumentTypeError(f"must be a power of two from 4Ki to 1Mi (or 0), got {text!r}")
     return value
+
+
+# A Kubernetes label value, as topology segment values are labels on the node: at most 63 characters,
+# alphanumeric at both ends, with '-', '_', '.' and alphanumerics between.
+LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
+
+
+def label_value(text: str) -> str:
+    """A topology value: a Kubernetes label value ('' allowed; a required one is checked by the caller)."""
+    if not LABEL_VALUE.fullmatch(text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a Kubernetes label value: at most 63 characters, letters, digits, '-', '_' "
+            "and '.', beginning and ending with a letter or digit"
+        )
+    return text
+
+
+def zone(text: str) -> str:
+    if not text:
+        raise argparse.ArgumentTypeError("must not be empty")
+    return label_value(text)
 
 
 def absolute(path: str) -> str:

@@ -116,6 +116,15 @@ def test_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
             "tcp://127.0.0.1:10000",
             id="tcp-loopback",
         ),
+        pytest.param(
+            {},
+            ["--endpoint", "tcp://[::1]:10000"],
+            "server.endpoint",
+            "tcp://[::1]:10000",
+            id="tcp-loopback-v6",
+        ),
+        pytest.param({}, ["--zone", "us-east-1a"], "backend.zone", "us-east-1a", id="zone"),
+        pytest.param({"BALLAST_REGION": "eu_west.1"}, [], "backend.region", "eu_west.1", id="region-env"),
     ],
 )
 def test_values(
@@ -134,6 +143,14 @@ def test_values(
         pytest.param(["--mode", "both"], "--mode", id="bad-mode"),
         pytest.param(["--endpoint", "/tmp/x.sock"], "--endpoint", id="endpoint-no-scheme"),
         pytest.param(["--endpoint", "tcp://10.0.0.1:9000"], "--endpoint", id="tcp-not-loopback"),
+        pytest.param(["--endpoint", "tcp://127.0.0.1:99999"], "--endpoint", id="tcp-port-out-of-range"),
+        pytest.param(["--endpoint", "tcp://127.0.0.1"], "--endpoint", id="tcp-no-port"),
+        pytest.param(["--endpoint", "unix://run/csi.sock"], "--endpoint", id="unix-relative-path"),
+        pytest.param(["--data-dir", "var/lib/ballast"], "--data-dir", id="relative-data-dir"),
+        pytest.param(["--zone", ""], "--zone", id="empty-zone"),
+        pytest.param(["--zone", "zone a"], "--zone", id="zone-with-space"),
+        pytest.param(["--zone", "z" * 64], "--zone", id="zone-over-63"),
+        pytest.param(["--region", "-eu"], "--region", id="region-leading-dash"),
         pytest.param(["--workers", "0"], "--workers", id="zero-workers"),
         pytest.param(["--capacity", "lots"], "--capacity", id="bad-capacity"),
         # The migration gates belong to `ballast-migrate controller`; the driver has none.
@@ -174,6 +191,8 @@ def test_bad_flags_exit_2_naming_the_flag(
         ),
         pytest.param("BALLAST_WORKERS", "many", "--workers", id="workers-not-a-number"),
         pytest.param("CSI_ENDPOINT", "/tmp/x.sock", "--endpoint", id="endpoint-no-scheme"),
+        pytest.param("BALLAST_ZONE", "zone/a", "--zone", id="zone-with-slash"),
+        pytest.param("BALLAST_DATA_DIR", "data", "--data-dir", id="relative-data-dir"),
         pytest.param("BALLAST_BACKEND", "nosuch", "--backend", id="unknown-backend"),
         pytest.param("BALLAST_CAPACITY", "lots", "--capacity", id="capacity-not-a-size"),
         pytest.param(
