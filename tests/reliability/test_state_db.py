@@ -229,6 +229,32 @@ def test_recover_state_on_a_healthy_database_loses_nothing(tmp_path: Path) -> No
         b.close()
 
 
+def test_recover_state_keeps_health_marks_and_expands_in_progress(tmp_path: Path) -> None:
+    """A DATA_LOSS mark stays until an operator clears it, a rebuild included; an expand cut between its
+    record and its file is still finished at the next start, not taken for a file that lost data."""
+    data = tmp_path / "data"
+    s = seed(data)
+    marked, torn = s.volumes["pvc-1"], s.volumes["pvc-2"]
+    b = LocalBackend.open(str(data), node_id=NODE)
+    try:
+        b.health.ledger.mark_short(marked, MiB, 8 * MiB)  # what an earlier start-up found
+        size = b.get_volume(torn).size_bytes
+        b.health.ledger.begin_growth(torn, size)  # an expand killed after its record, before its file
+        b.store.set_size(torn, size + 4 * MiB)
+    finally:
+        b.close()
+    report = recover_state(str(data))
+    b = LocalBackend.open(str(data), node_id=NODE)
+    try:
+        marks = b.health.ledger.marks()
+        assert [m.reason for m in marks.get(marked, [])] == ["BackingFileWasShort"]
+        assert torn not in marks, "the torn expand lost nothing"
+        assert os.path.getsize(b.volume_path(torn)) == size + 4 * MiB
+    finally:
+        b.close()
+    assert report.marks == 1
+
+
 def test_recover_state_refuses_while_a_driver_holds_the_data_dir(tmp_path: Path) -> None:
     data = tmp_path / "data"
     seed(data)

@@ -89,6 +89,20 @@ class Ledger:
         with self._store.tx() as db:
             return int(db.execute("DELETE FROM health_marks WHERE volume_id = ?", (volume_id,)).rowcount)
 
+    def carry(
+        self, marks: Iterable[tuple[str, str, str, float]], growth: Mapping[str, int], volume_ids: set[str]
+    ) -> int:
+        """Write another database's marks (volume id, reason, message, since) and growth intents (volume
+        id -> size before) of the volumes in `volume_ids` (recover-state); returns the marks written."""
+        marks = [m for m in marks if m[0] in volume_ids]
+        with self._store.tx() as db:
+            db.executemany("INSERT OR IGNORE INTO health_marks VALUES (?, ?, ?, ?)", marks)
+            db.executemany(
+                "INSERT OR REPLACE INTO growth VALUES (?, ?)",
+                [(v, size) for v, size in growth.items() if v in volume_ids],
+            )
+        return len(marks)
+
     def settle(self) -> None:
         """After start-up reconciliation: no expand is in progress, and marks of deleted volumes go.
         Writes only when there is something to remove, so a start on a full filesystem writes nothing."""

@@ -2,10 +2,10 @@
 
 `recover_state(data_dir)` rebuilds `state.db` from the backing files it finds. Whatever rows can still be
 read from the old database (names, creation arguments, mutable parameters, snapshot sources, groups,
-attachments) are kept for files that exist. A file nobody can name gets the name `recovered-<id>`.
-Records whose file is gone are dropped. No volume or snapshot file is ever removed or modified. It takes
-the data dir's owner lock, so it never runs beside a driver serving the controller from the same data
-dir.
+attachments, health marks, expands in progress) are kept for files that exist. A file nobody can name
+gets the name `recovered-<id>`. Records whose file is gone are dropped. No volume or snapshot file is
+ever removed or modified. It takes the data dir's owner lock, so it never runs beside a driver serving
+the controller from the same data dir.
 
 The new database is built under another name (`state.db.building`), made single-file and durable, and
 renamed `state.db.new` once complete; only then is the old one (with its WAL) kept under a name nothing
@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from csi.backends.local import files
+from csi.backends.local.health import Ledger
 from csi.backends.local.layout import SNAPSHOT_ID, VOLUME_ID, Layout
 from csi.backends.local.rows import GroupRow, SnapshotRow
 from csi.backends.local.startup import lock_data_dir, open_read_only
@@ -37,7 +38,8 @@ from csi.failures import DriverError, FailedPreconditionError
 from shim import failpoints
 
 SIDE_FILES = ("-wal", "-shm")
-TABLES = ("volumes", "snapshots", "groups", "attachments")
+TABLES = ("volumes", "snapshots", "groups", "attachments", "health_marks", "growth")
+LISTS = ("attachments", "health_marks", "growth")  # rows without an id of their own
 
 
 # ---------------------------------------------------------------------------- rebuild
@@ -51,6 +53,8 @@ class Salvage:
     snapshots: dict[str, dict[str, Any]] = field(default_factory=dict)
     groups: dict[str, dict[str, Any]] = field(default_factory=dict)
     attachments: list[dict[str, Any]] = field(default_factory=list)
+    health_marks: list[dict[str, Any]] = field(default_factory=list)
+    growth: list[dict[str, Any]] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
 
 
@@ -72,8 +76,8 @@ def salvage(db: str) -> Salvage:
             except sqlite3.Error as exc:
                 out.problems.append(f"table {table} unreadable: {exc}")
                 continue
-            if table == "attachments":
-                out.attachments = rows
+            if table in LISTS:
+                setattr(out, table, rows)
             else:
                 getattr(out, table).update({str(r["id"]): r for r in rows if r.get("id")})
     finally:
@@ -158,6 +162,7 @@ class Report:
     snapshots: int = 0
     groups: int = 0
     attachments: int = 0
+    marks: int = 0
     dropped: list[str] = field(default_factory=list)
     ignored: list[str] = field(default_factory=list)
     kept_as: str | None = None
@@ -216,6 +221,11 @@ def _build(layout: Layout, old: Salvage, report: Report) -> None:
                     limit=0,
                 )
                 report.attachments += 1
+        report.marks = Ledger(store).carry(
+            [(m["volume_id"], m["reason"], m["message"], m["since"]) for m in old.health_marks],
+            {g["volume_id"]: g["from_size"] for g in old.growth},
+            vol_ids,
+        )
         report.dropped += sorted(f"volume {v}" for v in set(old.volumes) - vol_ids)
         report.dropped += sorted(f"snapshot {s}" for s in set(old.snapshots) - snap_ids)
     finally:
@@ -322,6 +332,8 @@ def run_recover(data_dir: str, out: TextIO = sys.stdout) -> int:
         f"{r.attachments} attachment(s)",
         file=out,
     )
+    if r.marks:
+        print(f"kept {r.marks} health mark(s): `ballast-csi clear-health` clears one once checked", file=out)
     if r.read_from != db:
         print(f"completed an interrupted run: the old rows were read from {r.read_from}", file=out)
     if r.kept_as:
