@@ -323,6 +323,30 @@ def test_a_restore_whose_snapshot_is_deleted_mid_copy_is_not_found(
     assert be.store.volume_by_name("r") is None
 
 
+@pytest.mark.parametrize(
+    ("requisite", "answer"),
+    [
+        pytest.param([], "existing", id="no-requisite"),
+        pytest.param([{ZONE_KEY: "z1"}], "existing", id="requisite-its-zone"),
+        pytest.param([{ZONE_KEY: "z2"}], failures.AlreadyExistsError, id="requisite-elsewhere-incompatible"),
+    ],
+)
+def test_a_repeated_snapshot_is_answered_before_topology_decides_placement(
+    be: LocalBackend, requisite: list[dict[str, str]], answer: Any
+) -> None:
+    """Like a volume: an existing snapshot is the answer, or ALREADY_EXISTS when the request's
+    requisite excludes where it is, never RESOURCE_EXHAUSTED for a snapshot that needs no room."""
+    vol = be.create_volume("v", DiskOptions(size_bytes=MiB))
+    snap = be.create_snapshot("s", vol.id, {})
+    if answer == "existing":
+        assert be.create_snapshot("s", vol.id, {}, requisite=requisite).id == snap.id
+        return
+    with pytest.raises(answer, match="snapshot 's' already exists"):
+        be.create_snapshot("s", vol.id, {}, requisite=requisite)
+    with pytest.raises(failures.OutOfCapacityError):
+        be.create_snapshot("new", vol.id, {}, requisite=requisite)
+
+
 def test_delete_refuses_published_volume_and_keeps_snapshots(data: Path, be: LocalBackend) -> None:
     vol = be.create_volume("v", DiskOptions(size_bytes=GiB))
     snap = be.create_snapshot("s", vol.id, {})

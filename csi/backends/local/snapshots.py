@@ -143,14 +143,15 @@ class LocalSnapshots:
         `source_volume_id`"). A copy made piece by piece is made frozen (module docstring). The
         VolumeSnapshot's `metadata` labels nothing: a snapshot file carries no tags."""
         consistency = _consistency(SNAPSHOT, parameters)
-        self._segment.check_requisite(requisite)
         existing = self._store.snapshot_by_name(name)
         if existing is not None:
             if existing.source_volume_id != source_volume_id:
                 raise AlreadyExistsError(
                     f"snapshot {name!r} already exists for volume {existing.source_volume_id}"
                 )
+            self._segment.check_existing(name, existing.id, requisite, "snapshot")
             return self._record(existing)
+        self._segment.check_requisite(requisite)
         try:
             snap = self._take(name, source_volume_id, consistency)
         except NameTaken:

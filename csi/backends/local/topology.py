@@ -36,13 +36,15 @@ class Segment:
                 f"no requisite topology segment is served by this data dir (it serves {self.labels})"
             )
 
-    def check_existing(self, name: str, volume_id: str, requisite: Sequence[Mapping[str, str]]) -> None:
-        """A volume of this data dir (so in this segment) answers a repeated create only when it is
-        accessible from the request's requisite (if any); else AlreadyExistsError (spec: "already
-        exists but is incompatible")."""
+    def check_existing(
+        self, name: str, object_id: str, requisite: Sequence[Mapping[str, str]], kind: str = "volume"
+    ) -> None:
+        """A volume (or snapshot) of this data dir, so in this segment, answers a repeated create only
+        when it is accessible from the request's requisite (if any); else AlreadyExistsError (spec:
+        "already exists but is incompatible")."""
         if not self.allows(requisite):
             raise AlreadyExistsError(
-                f"volume {name!r} already exists ({volume_id}) in segment {self.labels}, which the "
+                f"{kind} {name!r} already exists ({object_id}) in segment {self.labels}, which the "
                 "request's accessibility_requirements exclude: add that segment to the requisite "
                 "topology, or delete the volume or use another name"
             )
