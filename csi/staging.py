@@ -29,12 +29,7 @@ from typing import NamedTuple
 
 from csi import devices, keys, paths
 from csi.backends.base import Backend
-from csi.failures import (
-    AlreadyExistsError,
-    FailedPreconditionError,
-    NotFoundError,
-    os_failures,
-)
+from csi.failures import AlreadyExistsError, FailedPreconditionError, NotFoundError, os_failures
 from csi.filesystems import EXT_TYPES, FS_TYPES
 from csi.mount import Mounter, MountInfo, Probe
 from csi.publishing import Publication, Publisher, Source
@@ -226,6 +221,8 @@ class Stager:
         uses = self.uses(device, staging)  # one read, so every check below sees the same table
         if uses.at_path is not None:
             _check_staged(uses.at_path, device, staging, fs)
+            if uses.at_path.fs_type == "xfs" and _needs_growth(device, "xfs"):  # cut short before its grow
+                self._mounter.grow(device, staging, "xfs")
             return
         if os.path.lexists(staging) and not os.path.isdir(staging):
             raise FailedPreconditionError(f"staging_target_path {staging} exists and is not a directory")

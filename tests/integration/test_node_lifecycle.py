@@ -303,6 +303,21 @@ def test_stage_grows_a_filesystem_smaller_than_its_device(node_env: NodeEnv, fs_
     assert grown > 48 * MiB, f"stage grew the filesystem by only {grown} bytes"
 
 
+def test_a_repeated_xfs_stage_finishes_the_grow_a_first_one_did_not(node_env: NodeEnv) -> None:
+    """xfs grows only once mounted: a stage cut short between its mount and its grow (killed, or
+    xfs_growfs failed) is finished by the CO's retry, which finds the filesystem mounted."""
+    _need("xfs")
+    vol = node_env.volume(320 * MiB)
+    cap = mount_cap("xfs")
+    node_env.stage(vol, cap)
+    before = os.statvfs(vol.staging)
+    node_env.driver.backend.expand_volume(vol.id, 384 * MiB)  # the device now outgrows the mounted fs
+    node_env.stage(vol, cap)
+    after = os.statvfs(vol.staging)
+    grown = (after.f_blocks - before.f_blocks) * after.f_frsize
+    assert grown > 48 * MiB, f"the retry grew the filesystem by only {grown} bytes"
+
+
 def test_expand_beyond_the_device_is_out_of_range(node_env: NodeEnv) -> None:
     vol = node_env.volume()
     cap = mount_cap()
