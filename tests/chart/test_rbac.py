@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.chart.render import Obj, component, of_kind, only, pod_spec, render, values_of
+from tests.chart.render import Obj, component, of_kind, only, pod_spec, render, render_values, values_of
 
 R = tuple[str, str, frozenset[str]]  # (apiGroup, resource, verbs)
 
@@ -79,6 +79,27 @@ def roles_by_sidecar(objects: list[Obj]) -> dict[str, Obj]:
 def test_cluster_role_grants_exactly_what_the_sidecar_needs(sidecar: str) -> None:
     role = roles_by_sidecar(render("defaults"))[sidecar]
     assert flatten(role) == EXPECTED[sidecar]
+
+
+REFERENCE_GRANTS = rule("gateway.networking.k8s.io", "referencegrants", *WATCH)
+
+
+@pytest.mark.parametrize(
+    ("gates", "granted"),
+    [
+        pytest.param({}, False, id="gate-absent"),
+        pytest.param({"ExampleGate": True}, False, id="other-gate-only"),
+        pytest.param({"CrossNamespaceVolumeDataSource": False}, False, id="gate-false"),
+        pytest.param({"CrossNamespaceVolumeDataSource": True}, True, id="gate-true"),
+    ],
+)
+def test_provisioner_reads_reference_grants_only_with_cross_namespace_sources(
+    gates: dict[str, bool], granted: bool
+) -> None:
+    """With CrossNamespaceVolumeDataSource on, csi-provisioner waits for a ReferenceGrant informer."""
+    objects = render_values({"sidecars": {"provisioner": {"featureGates": gates}}})
+    extra = {REFERENCE_GRANTS} if granted else set()
+    assert flatten(roles_by_sidecar(objects)["provisioner"]) == EXPECTED["provisioner"] | extra
 
 
 def test_no_wildcards_and_no_secrets(set_id: str) -> None:

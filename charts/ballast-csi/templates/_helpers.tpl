@@ -161,6 +161,13 @@ seconds, "10s") plus one, so the sidecar answers with the driver's error before 
 {{- add1 (.Values.sidecars.livenessProbe.probeTimeout | trimSuffix "s" | atoi) -}}
 {{- end -}}
 
+{{/* terminationGracePeriodSeconds of the driver's pods: on SIGTERM the driver drains in-flight calls for
+up to GRACE_SECONDS (30, csi/server.py) and then releases its socket and backend; 15 s on top so a full
+drain ends before kubelet's SIGKILL (tests/chart/test_shutdown.py keeps the two in step). */}}
+{{- define "ballast.terminationGracePeriodSeconds" -}}
+45
+{{- end -}}
+
 {{/* Sidecar arguments for leader election. */}}
 {{- define "ballast.leaderElectionArgs" -}}
 - --leader-election=true
