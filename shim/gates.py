@@ -103,16 +103,18 @@ def _check_name(name: str) -> None:
 
 
 def parse_feature_gates(text: str) -> dict[str, bool]:
-    """Parse `A=true,B=false` into an ordered dict; later entries win, empty items are skipped.
+    """Parse `A=true,B=false` into an ordered dict; later entries win, an empty item (nothing between
+    two commas) is skipped, as Kubernetes does.
 
-    Whitespace around items, names and values is ignored. Raises FeatureGateError for an item
-    without `=`, an unknown gate or a non-boolean value, naming the item.
+    Whitespace around names and values is ignored. Raises FeatureGateError for an item without `=`
+    (white space alone included, which Kubernetes refuses too), an unknown gate or a non-boolean value,
+    naming the item.
     """
     result: dict[str, bool] = {}
     for raw in text.split(","):
-        item = raw.strip()
-        if not item:
+        if not raw:
             continue
+        item = raw.strip()
         name, sep, value = item.partition("=")
         name, value = name.strip(), value.strip()
         if not sep or not name:

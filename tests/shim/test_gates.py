@@ -80,7 +80,6 @@ def test_kubernetes_lock_table_marks_migration_gates_locked_and_unregister_gates
     ("text", "expected"),
     [
         pytest.param("", {}, id="empty"),
-        pytest.param("  ,  ,", {}, id="only-separators"),
         pytest.param("CSIMigration=true", {"CSIMigration": True}, id="one"),
         pytest.param(
             "CSIMigration=true,CSIMigrationAWS=false",
@@ -125,6 +124,9 @@ def test_parse(text: str, expected: dict[str, bool]) -> None:
         pytest.param("CSIMigration", ["'CSIMigration'", "Name=true"], id="missing-equals"),
         pytest.param("=true", ["'=true'"], id="missing-name"),
         pytest.param("CSIMigrationAWS=true,Bogus=false", ["'Bogus'"], id="second-item-bad"),
+        pytest.param(
+            "CSIMigration=true, ,CSIMigrationAWS=true", ["''", "Name=true"], id="blank-item-not-empty"
+        ),
     ],
 )
 def test_parse_errors_name_the_offender(text: str, fragments: list[str]) -> None:
