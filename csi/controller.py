@@ -134,6 +134,7 @@ class ControllerService(ControllerHealthRPCs, csi_pb2_grpc.ControllerServicer):
             multi_node=any(c.access_mode.mode in MULTI_NODE_MODES for c in caps),
             block=any(is_block(c) for c in caps),
             metadata=sidecar_metadata(request.parameters, keys.CLAIM_METADATA),
+            size_range=(request.capacity_range.required_bytes, request.capacity_range.limit_bytes),
         )
         with self._inflight.hold(f"create:{request.name}"):
             disk = self._backend.create_volume(request.name, options)

@@ -87,8 +87,9 @@ def all_capabilities(**overrides: Any) -> BackendCapabilities:
 
 
 def _but_placement(options: DiskOptions) -> DiskOptions:
-    """The options a repeated create must repeat: topology is compared as accessibility, not equality."""
-    return options._replace(requisite=(), preferred=())
+    """The options a repeated create must repeat: topology is compared as accessibility and the size as
+    a fit (base.size_fits), not as equals."""
+    return options._replace(requisite=(), preferred=(), size_bytes=0, size_range=None)
 
 
 class FakeBackend(base.Backend):
@@ -205,7 +206,10 @@ class FakeBackend(base.Backend):
             )
             for vid, disk in self.volumes.items():
                 if disk.name == name:
-                    if _but_placement(self.options[vid]) != _but_placement(options):
+                    size = disk.size_bytes if options.size_range is not None else self.options[vid].size_bytes
+                    if _but_placement(self.options[vid]) != _but_placement(options) or not base.size_fits(
+                        size, options
+                    ):
                         raise AlreadyExistsError(f"volume {name!r} exists with different arguments")
                     if not served:
                         raise AlreadyExistsError(f"volume {name!r} exists outside the requisite topology")

@@ -64,6 +64,8 @@ class DiskOptions(NamedTuple):
     `metadata` holds the claim's identity as the external-provisioner passes it with
     --extra-create-metadata (keys.CLAIM_METADATA: PVC name and namespace, PV name; absent without the
     flag), for a backend that labels what it creates (aws: tags); it is no parameter.
+    `size_range` is the request's (required_bytes, limit_bytes): a repeated create is answered by an
+    existing volume whose size lies in it (size_fits); None: only by one of `size_bytes`.
     """
 
     size_bytes: int
@@ -76,6 +78,17 @@ class DiskOptions(NamedTuple):
     multi_node: bool = False
     block: bool = False
     metadata: Mapping[str, str] = EMPTY
+    size_range: tuple[int, int] | None = None
+
+
+def size_fits(size: int, options: DiskOptions) -> bool:
+    """Whether an existing volume of `size` bytes answers a repeated create with `options`. Spec,
+    CreateVolume: a volume of the name that "is compatible with the specified capacity_range" is the
+    answer; a bound of 0 is no bound."""
+    if options.size_range is None:
+        return size == options.size_bytes
+    required, limit = options.size_range
+    return size >= required and (not limit or size <= limit)
 
 
 class Disk(NamedTuple):

@@ -43,6 +43,33 @@ def test_the_same_name_with_other_options_already_exists(subject: Subject) -> No
         subject.backend.create_volume("pvc-a", _options(subject, 3))
 
 
+@pytest.mark.parametrize(
+    ("units", "answered"),
+    [
+        pytest.param((0, 0), True, id="no-range"),
+        pytest.param((1, 0), True, id="required-below-it"),
+        pytest.param((2, 2), True, id="exactly-it"),
+        pytest.param((1, 3), True, id="range-around-it"),
+        pytest.param((3, 0), False, id="required-above-it"),
+        pytest.param((1, 1), False, id="limit-below-it"),
+    ],
+)
+def test_a_repeat_whose_capacity_range_holds_the_volume_is_answered_by_it(
+    subject: Subject, units: tuple[int, int], answered: bool
+) -> None:
+    """Spec, CreateVolume: a volume of the name "compatible with the specified capacity_range" is the
+    answer; ALREADY_EXISTS when its size is outside the range."""
+    first = subject.backend.create_volume("pvc-r", _options(subject, 2))
+    required, limit = (n * subject.unit for n in units)
+    repeat = _options(subject, units[0] or 2, size_range=(required, limit))
+    if answered:
+        again = subject.backend.create_volume("pvc-r", repeat)
+        assert (again.id, again.size_bytes) == (first.id, first.size_bytes)
+        return
+    with pytest.raises(AlreadyExistsError, match="pvc-r"):
+        subject.backend.create_volume("pvc-r", repeat)
+
+
 def test_the_same_name_is_returned_only_where_the_requisite_topology_allows(subject: Subject) -> None:
     """Spec: an existing volume is the answer only when "accessible from accessibility_requirements";
     otherwise ALREADY_EXISTS. Preferred topology never refuses."""

@@ -221,6 +221,28 @@ def test_create_volume_sizes(env: Env, capacity: csi_pb2.CapacityRange | None, e
     assert vol.capacity_bytes == expected
 
 
+@pytest.mark.parametrize(
+    ("required", "limit", "code"),
+    [
+        pytest.param(GiB, 4 * GiB, Code.OK, id="range-holding-it"),
+        pytest.param(0, 0, Code.OK, id="no-range"),
+        pytest.param(3 * GiB, 0, Code.ALREADY_EXISTS, id="required-above-it"),
+        pytest.param(GiB, GiB, Code.ALREADY_EXISTS, id="limit-below-it"),
+    ],
+)
+def test_a_repeated_create_passes_its_capacity_range_to_the_backend(
+    env: Env, required: int, limit: int, code: Code
+) -> None:
+    first = env.create(capacity_range=csi_pb2.CapacityRange(required_bytes=2 * GiB))
+    repeat = csi_pb2.CreateVolumeRequest(
+        name="pvc-1",
+        volume_capabilities=[mount()],
+        capacity_range=csi_pb2.CapacityRange(required_bytes=required, limit_bytes=limit),
+    )
+    assert code_of(env.ctl.CreateVolume, repeat) == code
+    assert list(env.backend.volumes) == [first.volume_id]
+
+
 XFS_FLOOR = 300 * MiB  # mkfs.xfs refuses a smaller device
 
 

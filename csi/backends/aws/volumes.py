@@ -25,7 +25,7 @@ from csi.backends.aws.ownertags import OwnerTags
 from csi.backends.aws.records import tag_spec
 from csi.backends.aws.tagvalues import VOLUME_FIELDS
 from csi.backends.aws.zones import Zones
-from csi.backends.base import ContentSource, Disk, DiskOptions, GiB, SourceKind
+from csi.backends.base import ContentSource, Disk, DiskOptions, GiB, SourceKind, size_fits
 from csi.failures import (
     AlreadyExistsError,
     DriverError,
@@ -210,22 +210,27 @@ class VolumeCreator:
             problems.append(f"zone {volume['AvailabilityZone']}")
         if dict(options.context) != dict(disk.volume_context):
             problems.append(f"volume context {dict(disk.volume_context)}")
-        problems += self._modifiable_differences(volume, request.args)
+        problems += self._modifiable_differences(volume, request.args, options)
         problems += fixed_differences(volume, request.args, request.user_tags)
         if problems:
             raise AlreadyExistsError(
                 f"volume {name!r} already exists as {volume['VolumeId']} with different {', '.join(problems)}"
             )
 
-    def _modifiable_differences(self, volume: Mapping[str, Any], args: Mapping[str, object]) -> list[str]:
-        """Size, type, IOPS and throughput that differ from `args`. Once EC2 reports a modification of
-        the volume (ControllerExpandVolume/ModifyVolume), these no longer say what it was created
-        with, and EC2 describes only the latest modification, so the creation values cannot be
-        recovered: then only a size above the current one differs (EBS volumes only grow). A replay
-        of the original request is so answered with the volume, as the EBS CSI driver answers it
-        (EC2 matches its client token against the creation request)."""
+    def _modifiable_differences(
+        self, volume: Mapping[str, Any], args: Mapping[str, object], options: DiskOptions
+    ) -> list[str]:
+        """Size (unless it fits the request's range: size_fits), type, IOPS and throughput that differ
+        from `args`. Once EC2 reports a modification of the volume (ControllerExpandVolume,
+        ModifyVolume), these no longer say what it was created with, and EC2 describes only the latest
+        modification, so the creation values cannot be recovered: then only a size above the current
+        one differs (EBS volumes only grow). A replay of the original request is so answered with the
+        volume, as the EBS CSI driver answers it (EC2 matches its client token against the creation
+        request)."""
         have, want = P.described(volume), P.described(args)
         changed = [key for key in want if want[key] != have.get(key)]
+        if options.size_range is not None and size_fits(int(volume["Size"]) * GiB, options):
+            changed = [key for key in changed if key != "Size"]
         if changed and self._modified(volume["VolumeId"]):
             larger = int(str(args["Size"])) > int(volume["Size"])
             changed = [key for key in changed if key == "Size" and larger]

@@ -219,7 +219,7 @@ class LocalBackend(LocalReporting, SnapshotOperations, Backend):
     def _existing(self, row: VolumeRow, wanted: dict[str, Any], options: DiskOptions) -> Disk:
         """The volume a repeated create names, if compatible: the same recorded arguments, and accessible
         from the request's requisite topology (AlreadyExistsError otherwise)."""
-        records.check_same(row, wanted)
+        records.check_same(row, wanted, options)
         self._segment.check_existing(row.name, row.id, options.requisite)
         return self._disk(row)
 

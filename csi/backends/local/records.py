@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from csi import keys
-from csi.backends.base import Attachment, ContentSource, Disk, DiskOptions, SourceKind
+from csi.backends.base import Attachment, ContentSource, Disk, DiskOptions, SourceKind, size_fits
 from csi.backends.local.rows import AttachmentRow, VolumeRow
 from csi.failures import AlreadyExistsError
 
@@ -25,10 +25,15 @@ def spec(options: DiskOptions) -> dict[str, Any]:
     }
 
 
-def check_same(row: VolumeRow, wanted: dict[str, Any]) -> None:
-    """A second create of the name must ask for what the first did (AlreadyExistsError otherwise)."""
-    if row.spec != wanted:
-        differs = sorted(k for k in wanted if row.spec.get(k) != wanted[k])
+def check_same(row: VolumeRow, wanted: dict[str, Any], options: DiskOptions) -> None:
+    """A second create of the name must ask for what the first did, its size aside, which only has to
+    fit the request (size_fits: the volume's size now, or with no range the size it was made with);
+    AlreadyExistsError otherwise."""
+    size = row.size if options.size_range is not None else row.spec.get("size", row.size)
+    differs = sorted(k for k in wanted if k != "size" and row.spec.get(k) != wanted[k])
+    if not size_fits(size, options):
+        differs.append(f"size ({row.size} bytes)")
+    if differs:
         raise AlreadyExistsError(
             f"volume {row.name!r} already exists ({row.id}) with a different {', '.join(differs)}"
         )
