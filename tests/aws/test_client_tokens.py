@@ -16,7 +16,7 @@ from csi.backends.aws.volumes import MAX_CLIENT_TOKENS, client_token
 from csi.backends.base import ContentSource, DiskOptions, SourceKind
 from csi.errors import status_for
 from csi.failures import AlreadyExistsError, TransientError
-from tests.aws.conftest import inject_responses, record_calls
+from tests.aws.conftest import _Http, inject_responses, record_calls
 from tests.aws.test_volumes import opts
 from tests.motoproxy import MotoProxy
 
@@ -104,3 +104,45 @@ def test_when_every_token_is_burned_the_answer_is_unavailable(
     assert status_for(raised.value)[0] is grpc.StatusCode.UNAVAILABLE
     assert named(ec2, "pvc-stuck") == []
     assert slow.create_volume("pvc-stuck", opts(slow, 2)).name == "pvc-stuck"
+
+
+def unlisted_once(client: Any) -> list[str]:
+    """The first DescribeVolumes that names one volume by id answers as EC2 may right after creating it:
+    InvalidVolume.NotFound (by id), or no volume (by a volume-id filter, as the batched lookup asks)."""
+    fired: list[str] = []
+
+    def hook(params: dict[str, Any], **kwargs: Any) -> Any:
+        body = params.get("body") or {}
+        if fired:
+            return None
+        if "VolumeId.1" in body:
+            fired.append("by-id")
+            error = {
+                "Code": "InvalidVolume.NotFound",
+                "Message": f"The volume '{body['VolumeId.1']}' does not exist.",
+            }
+            return _Http(400), {"Error": error, "ResponseMetadata": {}}
+        if body.get("Filter.1.Name") == "volume-id":
+            fired.append("by-filter")
+            return _Http(200), {"Volumes": [], "ResponseMetadata": {}}
+        return None
+
+    client.meta.events.register("before-call.ec2.DescribeVolumes", hook)
+    return fired
+
+
+@pytest.mark.parametrize("batch_window", [0.0, 0.05], ids=["by-id", "batched"])
+def test_a_new_volume_ec2_does_not_list_yet_is_waited_for_not_made_again(
+    make_backend: Callable[..., AwsBackend], ec2: Any, batch_window: float
+) -> None:
+    """EC2's API is eventually consistent: a volume it has just created may not be listed for a moment.
+    That is no burned token: taken for one, a second volume was made under the next token and a retry
+    was answered with the other volume."""
+    backend = make_backend(describe_batch_window=batch_window)
+    calls = record_calls(backend.ec2.client, "CreateVolume")
+    unlisted = unlisted_once(backend.ec2.client)
+    disk = backend.create_volume("pvc-lag", empty(backend))
+    assert unlisted, "the lag was never seen"
+    assert tokens_of(calls) == [client_token("pvc-lag", 0)]
+    assert named(ec2, "pvc-lag") == [disk.id]
+    assert backend.create_volume("pvc-lag", empty(backend)).id == disk.id

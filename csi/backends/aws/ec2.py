@@ -7,6 +7,7 @@ live here too.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import threading
@@ -31,6 +32,9 @@ from csi.backends.aws.batching import Batcher, Records, grouped
 from csi.backends.aws.errors import RETRIED_CODES, UnsupportedActionError, error_code, translate
 
 log = logging.getLogger("ballast.aws")
+# Seconds a volume EC2 just created may go unlisted (its API is eventually consistent) before it is
+# taken for gone.
+LISTING_LAG = 15.0
 T = TypeVar("T")
 PAGE_SIZE = 500  # DescribeVolumes allows 5..500 per page, DescribeSnapshots 5..1000
 
@@ -164,14 +168,47 @@ class Ec2:
 
     def describe_volume(self, vid: str) -> dict[str, Any]:
         """The EC2 record of one volume; missing or being deleted -> NotFoundError."""
-        if self.batch_window > 0:
-            volumes = self.lookup("volume-id", vid, self._volumes_by_id)
-        else:
-            volumes = self.call("describe_volumes", VolumeIds=[vid]).get("Volumes", [])
-        if not volumes or volumes[0].get("State") in ("deleting", "deleted"):
+        volume = self.find_volume(vid)
+        if volume is None:
             raise failures.NotFoundError(f"volume {vid} not found")
-        volume: dict[str, Any] = volumes[0]
         return volume
+
+    def find_volume(self, vid: str) -> dict[str, Any] | None:
+        """The EC2 record of one volume; None when EC2 does not list it (which it may not, for a
+        moment, right after creating it); being deleted -> NotFoundError."""
+        try:
+            if self.batch_window > 0:
+                volumes = self.lookup("volume-id", vid, self._volumes_by_id)
+            else:
+                volumes = self.call("describe_volumes", VolumeIds=[vid]).get("Volumes", [])
+        except failures.NotFoundError:
+            return None
+        if volumes and volumes[0].get("State") in ("deleting", "deleted"):
+            raise failures.NotFoundError(f"volume {vid} is being deleted")
+        return dict(volumes[0]) if volumes else None
+
+    def wait_available(self, vid: str) -> dict[str, Any]:
+        """The volume's record once EC2 reports it available (or in use). A volume EC2 failed to create
+        is deleted and reported (INTERNAL: the caller's retry creates it anew). EC2 may not list a
+        volume it has just created: one not listed is waited for LISTING_LAG seconds before it is
+        NotFoundError; one being deleted is NotFoundError at once."""
+        since = time.monotonic()
+
+        def check() -> dict[str, Any] | None:
+            volume = self.find_volume(vid)
+            if volume is None:
+                if time.monotonic() - since > LISTING_LAG:
+                    raise failures.NotFoundError(f"volume {vid} not found")
+                return None
+            if volume["State"] == "error":
+                with contextlib.suppress(failures.DriverError):
+                    self.call("delete_volume", VolumeId=vid)
+                raise failures.DriverError(
+                    f"EBS could not create volume {vid} (state error); it was deleted, retry"
+                )
+            return volume if volume["State"] in ("available", "in-use") else None
+
+        return self.poll(f"volume {vid} to become available", check)
 
     def describe_snapshot(self, sid: str) -> dict[str, Any]:
         """The EC2 record of one snapshot; missing -> NotFoundError."""

@@ -28,7 +28,6 @@ from csi.backends.aws.zones import Zones
 from csi.backends.base import ContentSource, Disk, DiskOptions, GiB, SourceKind, size_fits
 from csi.failures import (
     AlreadyExistsError,
-    DriverError,
     InvalidParameterError,
     NotFoundError,
     OutOfCapacityError,
@@ -168,7 +167,7 @@ class VolumeCreator:
     def _existing(self, volume: Mapping[str, Any], name: str, options: DiskOptions, request: Request) -> Disk:
         """The named volume, once available, if it answers this request; else AlreadyExistsError."""
         self._check_compatible(volume, name, options, request)
-        return self._disk(self.wait_available(volume["VolumeId"]))
+        return self._disk(self._ec2.wait_available(volume["VolumeId"]))
 
     def _disk(self, volume: Mapping[str, Any]) -> Disk:
         return records.to_disk(volume, self._zone_key)
@@ -311,12 +310,12 @@ class VolumeCreator:
                 existing = self._find_by_name(name)
                 if existing is not None:
                     self._check_compatible(existing, name, options, request)
-                    return self.wait_available(existing["VolumeId"])
+                    return self._ec2.wait_available(existing["VolumeId"])
                 log.info("client token %d of %r is burned (EC2 knows it with other arguments)", attempt, name)
                 continue
             if created.get("State") not in ("deleting", "deleted"):
                 with contextlib.suppress(NotFoundError):  # gone at once: the token was burned
-                    return self.wait_available(created["VolumeId"])
+                    return self._ec2.wait_available(created["VolumeId"])
             log.info(
                 "client token %d of %r answered with deleted volume %s", attempt, name, created["VolumeId"]
             )
@@ -382,17 +381,3 @@ class VolumeCreator:
 
         ScratchSnapshots(self._ec2, self._owner).clone(name, source["VolumeId"], restore)
         return restored
-
-    def wait_available(self, vid: str) -> dict[str, Any]:
-        """The volume's record once EC2 reports it available (or in use). A volume EC2 failed to create
-        is deleted and reported (INTERNAL: the caller's retry creates it anew)."""
-
-        def check() -> dict[str, Any] | None:
-            volume = self._ec2.describe_volume(vid)
-            if volume["State"] == "error":
-                with contextlib.suppress(DriverError):
-                    self._ec2.call("delete_volume", VolumeId=vid)
-                raise DriverError(f"EBS could not create volume {vid} (state error); it was deleted, retry")
-            return volume if volume["State"] in ("available", "in-use") else None
-
-        return self._ec2.poll(f"volume {vid} to become available", check)
