@@ -20,7 +20,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from csi.failures import TransientError
+from csi.failures import DeadlineError, GaveUpError, TransientError
 from csi.interceptors import Behavior, MethodInterceptor, StreamBehavior
 
 # Calls that answer from memory: the health and identity questions a CO (or a liveness probe) asks.
@@ -53,16 +53,20 @@ class AdmissionInterceptor(MethodInterceptor):
 
     @contextlib.contextmanager
     def _turn(self, method: str, context: Any) -> Iterator[None]:
-        """Admitted, then running; a call whose deadline passes while it waits is not run at all."""
+        """Admitted, then running; a call whose client gave up while it waited (its deadline passed, or
+        it was cancelled) is not run at all. A call without a deadline waits as long as it takes."""
+        name = method.rsplit("/", 1)[-1]
         if not self._admitted.acquire(blocking=False):
             raise TransientError(
-                f"{method.rsplit('/', 1)[-1]}: the plugin is busy ({self._workers} volume calls running "
+                f"{name}: the plugin is busy ({self._workers} volume calls running "
                 f"and {self._workers * BACKLOG_PER_WORKER} waiting); retry later, or raise --workers"
             )
         try:
-            if not self._running.acquire(timeout=context.time_remaining()):
-                raise TransientError(f"{method.rsplit('/', 1)[-1]}: the deadline passed while it waited")
+            if not self._running.acquire(timeout=_patience(context)):
+                raise DeadlineError(f"{name}: the deadline passed while it waited for a worker")
             try:
+                if not context.is_active():
+                    raise GaveUpError(f"{name}: the client gave up while it waited for a worker")
                 yield
             finally:
                 self._running.release()
@@ -85,3 +89,12 @@ class AdmissionInterceptor(MethodInterceptor):
                 yield from behavior(request, context)
 
         return admitted
+
+
+def _patience(context: Any) -> float | None:
+    """Seconds a call may wait for a worker: until its deadline. Without one, grpcio reports a time no
+    lock accepts (about 9e18 s): None, no limit."""
+    remaining = context.time_remaining()
+    if remaining is None or remaining > threading.TIMEOUT_MAX:
+        return None
+    return max(float(remaining), 0.0)

@@ -37,6 +37,8 @@ CODES: dict[type[failures.DriverError], grpc.StatusCode] = {
     failures.InvalidTokenError: grpc.StatusCode.ABORTED,
     failures.BusyError: grpc.StatusCode.ABORTED,
     failures.UnsupportedError: grpc.StatusCode.UNIMPLEMENTED,
+    failures.GaveUpError: grpc.StatusCode.CANCELLED,
+    failures.DeadlineError: grpc.StatusCode.DEADLINE_EXCEEDED,
     failures.DriverError: grpc.StatusCode.INTERNAL,
 }
 

@@ -60,6 +60,14 @@ class UnsupportedError(DriverError):
     """The driver, as configured, does not offer this operation."""
 
 
+class GaveUpError(DriverError):
+    """The client cancelled the call before it ran: it is not run."""
+
+
+class DeadlineError(DriverError):
+    """The call's deadline passed before it ran: it is not run."""
+
+
 @contextlib.contextmanager
 def os_failures() -> Iterator[None]:
     """OSError from the host becomes a DriverError (INTERNAL) with its actionable message."""

@@ -235,8 +235,9 @@ class LoggingInterceptor(MethodInterceptor):
                     sent += 1
                     yield response
                     _request_id.value = rid
-            except GeneratorExit:  # the client went away or cancelled
-                code = "CANCELLED"
+            except GeneratorExit:  # the client cancelled, or its deadline passed
+                remaining = context.time_remaining()
+                code = "DEADLINE_EXCEEDED" if remaining is not None and remaining <= 0 else "CANCELLED"
                 raise
             except BaseException:
                 code = _raised(context)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -98,3 +99,38 @@ def test_health_calls_are_answered_while_volume_calls_hold_every_worker(
     backend.go.set()
     waited = [c for c in calls if c is not refused]
     assert all(c.result(timeout=30).volume.volume_id for c in waited), "every admitted call completes"
+
+
+def _hold_every_worker(backend: Stuck, client: CsiClient) -> list[Any]:
+    running = [_create(client, i) for i in range(WORKERS)]
+    for _ in range(WORKERS):
+        assert backend.started.acquire(timeout=30), "the running creates started"
+    return running
+
+
+def test_a_call_without_a_deadline_waits_for_a_worker(stuck: tuple[Stuck, CsiClient]) -> None:
+    """grpcio reports a call without a deadline as having ~9e18 s left, which no lock accepts as a
+    timeout: such a call waits its turn, as any other, instead of failing INTERNAL."""
+    backend, client = stuck
+    running = _hold_every_worker(backend, client)
+    request = csi_pb2.CreateVolumeRequest(name="patient", volume_capabilities=[MOUNT])
+    patient = client.controller.CreateVolume.future(request)  # no timeout
+    time.sleep(0.5)
+    assert not patient.done(), "it waits for a worker"
+    backend.go.set()
+    assert patient.result(timeout=30).volume.volume_id
+    assert all(c.result(timeout=30).volume.volume_id for c in running)
+
+
+def test_a_call_cancelled_while_it_waits_is_not_run(stuck: tuple[Stuck, CsiClient]) -> None:
+    backend, client = stuck
+    running = _hold_every_worker(backend, client)
+    request = csi_pb2.CreateVolumeRequest(name="ghost", volume_capabilities=[MOUNT])
+    ghost = client.controller.CreateVolume.future(request, timeout=60)
+    time.sleep(0.3)
+    assert ghost.cancel()
+    time.sleep(0.3)  # the server sees the cancellation
+    backend.go.set()
+    assert all(c.result(timeout=30).volume.volume_id for c in running)
+    assert not backend.started.acquire(timeout=2), "the cancelled create ran once a worker was free"
+    assert "ghost" not in {d.name for d in backend.volumes.values()}

@@ -139,16 +139,24 @@ def test_a_stream_is_logged_once_with_its_code_and_messages_and_no_secret(
     assert SECRET not in stream.getvalue()
 
 
-def test_a_cancelled_stream_is_logged_as_cancelled(
-    served: tuple[Streaming, csi_pb2_grpc.SnapshotMetadataStub, io.StringIO],
+@pytest.mark.parametrize(
+    ("deadline", "code"),
+    [
+        pytest.param(False, "CANCELLED", id="cancelled"),
+        pytest.param(True, "DEADLINE_EXCEEDED", id="deadline"),
+    ],
+)
+def test_a_stream_the_client_left_is_logged_with_why(
+    served: tuple[Streaming, csi_pb2_grpc.SnapshotMetadataStub, io.StringIO], deadline: bool, code: str
 ) -> None:
     servicer, stub, stream = served
     servicer.sent = 100000
-    call = stub.GetMetadataDelta(REQUEST, timeout=30)
+    call = stub.GetMetadataDelta(REQUEST, timeout=0.5 if deadline else 30)
     next(call)
-    call.cancel()
-    for _ in range(200):  # the server notices the cancellation on its next write
+    if not deadline:
+        call.cancel()
+    for _ in range(300):  # the server notices on its next write
         if _rpc_lines(stream):
             break
         time.sleep(0.02)
-    assert [line["code"] for line in _rpc_lines(stream)] == ["CANCELLED"]
+    assert [line["code"] for line in _rpc_lines(stream)] == [code]
