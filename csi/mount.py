@@ -76,9 +76,8 @@ class MountError(DriverError):
 
 
 class OnlineGrowthDenied(MountError):
-    """The kernel refused to grow a mounted filesystem for lack of privilege (ext*: CAP_SYS_RESOURCE).
-
-    The filesystem is untouched; it can still grow offline, which staging does."""
+    """The kernel refused to grow a mounted filesystem for lack of privilege (ext*: CAP_SYS_RESOURCE);
+    the filesystem is untouched and can still grow offline, which staging does."""
 
 
 class SubprocessRunner:
@@ -98,8 +97,7 @@ class SubprocessRunner:
 
 
 def _fail(result: Result, what: str) -> MountError:
-    """`what` failed, in the program's words: its first line (where most programs give the cause, before
-    any usage text) and its last (where e2fsprogs do, after a version banner); else its exit code."""
+    """`what` failed, in the program's first line (most give the cause there) and last (e2fsprogs)."""
     lines = [line.strip() for line in (result.stderr or result.stdout).splitlines() if line.strip()]
     said = "; ".join(dict.fromkeys([lines[0], lines[-1]])) if lines else f"exit code {result.returncode}"
     return MountError(f"{what} failed: {said}")
