@@ -33,8 +33,8 @@ from csi.backends.aws.errors import RETRIED_CODES, UnsupportedActionError, error
 
 log = logging.getLogger("ballast.aws")
 # Seconds a volume EC2 just created may go unlisted (its API is eventually consistent) before it is
-# taken for gone.
-LISTING_LAG = 15.0
+# taken for gone (at most half the wait for it to become available).
+LISTING_LAG = 10.0
 T = TypeVar("T")
 PAGE_SIZE = 500  # DescribeVolumes allows 5..500 per page, DescribeSnapshots 5..1000
 
@@ -190,14 +190,14 @@ class Ec2:
     def wait_available(self, vid: str) -> dict[str, Any]:
         """The volume's record once EC2 reports it available (or in use). A volume EC2 failed to create
         is deleted and reported (INTERNAL: the caller's retry creates it anew). EC2 may not list a
-        volume it has just created: one not listed is waited for LISTING_LAG seconds before it is
-        NotFoundError; one being deleted is NotFoundError at once."""
-        since = time.monotonic()
+        volume it has just created: one not listed is waited for LISTING_LAG seconds (at most half of
+        `wait_timeout`) before it is NotFoundError; one being deleted is NotFoundError at once."""
+        since, lag = time.monotonic(), min(LISTING_LAG, self.wait_timeout / 2)
 
         def check() -> dict[str, Any] | None:
             volume = self.find_volume(vid)
             if volume is None:
-                if time.monotonic() - since > LISTING_LAG:
+                if time.monotonic() - since > lag:
                     raise failures.NotFoundError(f"volume {vid} not found")
                 return None
             if volume["State"] == "error":
