@@ -22,7 +22,7 @@ import fcntl
 import itertools
 import os
 import struct
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import NamedTuple
 
 FS_IOC_FIEMAP = 0xC020660B  # _IOWR('f', 11, struct fiemap)
@@ -59,6 +59,15 @@ class ReadStats:
 
     def __init__(self) -> None:
         self.bytes_read = 0
+
+
+class Abandoned(Exception):
+    """The caller no longer wants the ranges (`changed`'s `wanted` answered False): the scan stopped."""
+
+
+def always() -> bool:
+    """A `wanted` that never stops a scan."""
+    return True
 
 
 class ExtentMapUnsupported(OSError):
@@ -211,11 +220,15 @@ def _read(side: _Side, offset: int, length: int, stats: ReadStats) -> bytes:
     return bytes(out)
 
 
-def _differing(base: _Side, target: _Side, window: Range, block: int, stats: ReadStats) -> Iterator[Range]:
+def _differing(
+    base: _Side, target: _Side, window: Range, block: int, stats: ReadStats, wanted: Callable[[], bool]
+) -> Iterator[Range]:
     """Blocks inside the block-aligned `window` whose bytes differ, compared READ_CHUNK at a time."""
     step = max(block, READ_CHUNK - READ_CHUNK % block)
     pos = window.offset
     while pos < window.end:
+        if not wanted():
+            raise Abandoned(f"stopped at offset {pos}: the ranges are no longer wanted")
         length = min(step, window.end - pos)
         old, new = _read(base, pos, length, stats), _read(target, pos, length, stats)
         if old != new:
@@ -245,9 +258,11 @@ def changed(
     *,
     share_aware: bool,
     stats: ReadStats | None = None,
+    wanted: Callable[[], bool] = always,
 ) -> Iterator[Range]:
     """Block ranges, from the block holding `start` to the end of `target_path`, whose bytes differ
-    from `base_path` (past the end of the base, anything but zeros differs)."""
+    from `base_path` (past the end of the base, anything but zeros differs). `wanted` is asked before
+    each read: False stops the scan with Abandoned (long unchanged stretches yield nothing for long)."""
     counter = stats if stats is not None else ReadStats()
     base_fd = os.open(base_path, os.O_RDONLY)
     try:
@@ -257,7 +272,9 @@ def changed(
             target = _side(target_fd, share_aware)
             size = target.size
             windows = aligned(_candidates(base, target, _align(start, block), size), block, size)
-            merged = _merge(w for window in windows for w in _differing(base, target, window, block, counter))
+            merged = _merge(
+                w for window in windows for w in _differing(base, target, window, block, counter, wanted)
+            )
             yield from merged
         finally:
             os.close(target_fd)

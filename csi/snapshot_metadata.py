@@ -6,7 +6,9 @@ The request does not choose how ranges are described, so the driver does (--snap
 into blocks of the configured size. Both are computed at that block size, so they describe the same
 bytes. Spec contracts kept here:
 - ranges ascending and never overlapping, within one message and across messages;
-- at most `max_results` ranges per message (0: BATCH);
+- at most `max_results` ranges per message (0: BATCH), and never more than MAX_PER_MESSAGE, so a
+  message stays under gRPC's default 4 MiB receive limit (spec: the plugin "is always free to send
+  less than the requested value");
 - `starting_offset` resumes: nothing that ends before it is sent;
 - errors: a missing argument or a negative max_results -> INVALID_ARGUMENT; an unknown snapshot ->
   NOT_FOUND; a negative offset or one past the volume -> OUT_OF_RANGE; metadata unavailable ->
@@ -26,10 +28,11 @@ import grpc
 from csi import extents
 from csi._proto import csi_pb2, csi_pb2_grpc
 from csi.backends.base import Backend, BlockMap
-from csi.failures import InvalidParameterError, OutOfRangeError
+from csi.failures import DeadlineError, GaveUpError, InvalidParameterError, OutOfRangeError
 from csi.validation import require_id
 
 BATCH = 1024  # ranges per message when the request sets no max_results
+MAX_PER_MESSAGE = 65536  # a BlockMetadata takes at most 24 bytes on the wire: 1.5 MiB a message
 
 
 class MetadataSettings(NamedTuple):
@@ -82,13 +85,16 @@ class SnapshotMetadataService(csi_pb2_grpc.SnapshotMetadataServicer):
             request.starting_offset,
             self._settings.block_size,
             dict(request.secrets),
+            wanted=context.is_active,
         )
-        return self._stream(csi_pb2.GetMetadataDeltaResponse, blocks, request.max_results)
+        return _left_alone(
+            context, self._stream(csi_pb2.GetMetadataDeltaResponse, blocks, request.max_results)
+        )
 
     def _stream(self, response: Any, blocks: BlockMap, max_results: int) -> Iterator[Any]:
         """Messages of at most `max_results` ranges; one empty message when there are none, so the
         client still learns the volume's size and the block type."""
-        kind, per = self._settings.wire_type, max_results or BATCH
+        kind, per = self._settings.wire_type, min(max_results or BATCH, MAX_PER_MESSAGE)
         ranges = (
             extents.fixed(blocks.ranges, self._settings.block_size) if self._settings.fixed else blocks.ranges
         )
@@ -105,3 +111,15 @@ class SnapshotMetadataService(csi_pb2_grpc.SnapshotMetadataServicer):
             yield response(
                 block_metadata_type=kind, volume_capacity_bytes=blocks.volume_bytes, block_metadata=batch
             )
+
+
+def _left_alone(context: grpc.ServicerContext, messages: Iterator[Any]) -> Iterator[Any]:
+    """The messages, until the scan behind them stops because the client left: then the call ends as the
+    client ended it (cancelled, or its deadline passed) instead of running the scan to its end."""
+    try:
+        yield from messages
+    except extents.Abandoned:
+        remaining = context.time_remaining()
+        if remaining is not None and remaining <= 0:
+            raise DeadlineError("the deadline passed while changed blocks were scanned") from None
+        raise GaveUpError("the client left while changed blocks were scanned") from None

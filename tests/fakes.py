@@ -21,7 +21,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from csi import failures, keys
@@ -514,7 +514,13 @@ class FakeBackend(base.Backend):
         return self._blocks(snapshot_id, start, self.block_ranges.get(snapshot_id, []))
 
     def snapshot_delta(
-        self, base_id: str, target_id: str, start: int, block: int, secrets: Mapping[str, str]
+        self,
+        base_id: str,
+        target_id: str,
+        start: int,
+        block: int,
+        secrets: Mapping[str, str],
+        wanted: Callable[[], bool] = lambda: True,
     ) -> BlockMap:
         self._enter("snapshot_delta", base_id, target_id, start, block, dict(secrets))
         if base_id not in self.snapshots:

@@ -9,7 +9,7 @@ records out, csi.failures errors raised, no grpc.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import NamedTuple
 
 from csi.backends.paging import Page
@@ -54,10 +54,17 @@ class Reporting:
         raise UnsupportedError("this backend does not serve snapshot metadata")
 
     def snapshot_delta(
-        self, base_id: str, target_id: str, start: int, block: int, secrets: Mapping[str, str]
+        self,
+        base_id: str,
+        target_id: str,
+        start: int,
+        block: int,
+        secrets: Mapping[str, str],
+        wanted: Callable[[], bool] = lambda: True,
     ) -> BlockMap:
         """[snapshot_metadata] Ranges whose bytes differ between two snapshots of one volume (the target
         taken after the base), from the block containing `start`. A missing snapshot -> NotFoundError;
         snapshots of different volumes, or in the wrong order -> InvalidParameterError; otherwise as
-        snapshot_allocated."""
+        snapshot_allocated. `wanted` (the call is still alive) is asked while a long stretch without a
+        change is scanned; False may end the ranges with extents.Abandoned."""
         raise UnsupportedError("this backend does not serve snapshot metadata")

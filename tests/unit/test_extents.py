@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from csi.extents import Range, ReadStats, allocated, changed, fixed
+from csi.extents import READ_CHUNK, Abandoned, Range, ReadStats, allocated, changed, fixed
 
 KiB = 1024
 BLOCK = 64 * KiB
@@ -110,6 +110,24 @@ def test_without_sharing_every_data_byte_is_read(tmp_path: Path) -> None:
     # both copies of the 4 data blocks, plus the target's changed block; holes are never read
     assert stats.bytes_read >= 2 * 4 * BLOCK + 1
     assert stats.bytes_read <= 2 * 4 * BLOCK + BLOCK
+
+
+def test_a_scan_no_longer_wanted_stops_within_one_read(tmp_path: Path) -> None:
+    """An unchanged stretch yields nothing for as long as it takes to read it; `wanted` is asked before
+    every read, so a caller that left stops the scan at once instead of at the next change."""
+    size = 4 * READ_CHUNK
+    base = _file(tmp_path / "base", size, {0: b"a" * size})
+    target = _copy_with(base, tmp_path / "target", {size - 1: b"!"})
+    asked: list[int] = []
+    stats = ReadStats()
+
+    def wanted() -> bool:
+        asked.append(stats.bytes_read)
+        return len(asked) < 2
+
+    with pytest.raises(Abandoned):
+        list(changed(base, target, 0, BLOCK, share_aware=False, stats=stats, wanted=wanted))
+    assert stats.bytes_read == 2 * READ_CHUNK, "one chunk of each file, then it stopped"
 
 
 def test_fixed_splits_into_single_blocks() -> None:

@@ -5,19 +5,22 @@ from __future__ import annotations
 
 import io
 import logging
-from collections.abc import Callable, Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 
-from csi import failures, logs
+from csi import extents, failures, logs
 from csi._proto import csi_pb2, csi_pb2_grpc
-from csi.backends.base import DiskOptions
+from csi.backends.base import BlockMap, DiskOptions
 from csi.config import parse_args
 from csi.extents import Range
 from csi.server import Driver
+from csi.snapshot_metadata import MAX_PER_MESSAGE
 from tests.fakes import FAKE_NODE, FakeBackend, all_capabilities
 
 KiB = 1024
@@ -191,3 +194,75 @@ def test_the_service_and_its_capability_follow_the_backend(start: Callable[..., 
     with pytest.raises(grpc.RpcError) as caught:
         off.delta()
     assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_a_message_never_holds_more_than_a_client_can_receive(start: Callable[..., Served]) -> None:
+    """max_results is a ceiling the plugin may stay under: a huge one still gets messages of at most
+    MAX_PER_MESSAGE ranges, each far below gRPC's default 4 MiB receive limit."""
+    s = start()
+    s.backend.block_ranges[s.target] = [Range(2 * i * BLOCK, BLOCK) for i in range(MAX_PER_MESSAGE + 10)]
+    req = csi_pb2.GetMetadataAllocatedRequest(snapshot_id=s.target, max_results=10_000_000)
+    responses = list(s.stub.GetMetadataAllocated(req, timeout=60))
+    assert [len(r.block_metadata) for r in responses] == [MAX_PER_MESSAGE, 10]
+    assert max(r.ByteSize() for r in responses) < 2 * 1024 * 1024
+
+
+class Scanning(FakeBackend):
+    """Its delta scans a long unchanged stretch: nothing to send until the call is no longer wanted."""
+
+    def __init__(self) -> None:
+        super().__init__(all_capabilities())
+        self.stopped = threading.Event()
+
+    def snapshot_delta(
+        self,
+        base_id: str,
+        target_id: str,
+        start: int,
+        block: int,
+        secrets: Mapping[str, str],
+        wanted: Callable[[], bool] = extents.always,
+    ) -> BlockMap:
+        def scan() -> Iterator[Range]:
+            deadline = time.monotonic() + 30
+            while wanted() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            self.stopped.set()
+            raise extents.Abandoned("no longer wanted")
+            yield  # a generator
+
+        return BlockMap(SIZE, scan())
+
+
+@pytest.mark.parametrize("cancel", [False, True], ids=["deadline", "cancelled"])
+def test_a_scan_stops_when_the_client_leaves(tmp_path: Path, cancel: bool) -> None:
+    """The worker a delta stream holds is free again as soon as its client leaves, not once a scan
+    that yields nothing for long reaches its end; the call is logged as the client ended it."""
+    log = io.StringIO()
+    logs.setup("text", "debug", log)
+    config, _ = parse_args(["--endpoint", f"unix://{tmp_path}/s.sock", "--node-id", FAKE_NODE])
+    backend = Scanning()
+    driver = Driver(config, backend=backend)
+    driver.start()
+    try:
+        vol = backend.create_volume("v", DiskOptions(size_bytes=SIZE))
+        base, target = (backend.create_snapshot(n, vol.id, {}).id for n in ("b", "t"))
+        with grpc.insecure_channel(config.server.endpoint) as channel:
+            stub = csi_pb2_grpc.SnapshotMetadataStub(channel)
+            req = csi_pb2.GetMetadataDeltaRequest(base_snapshot_id=base, target_snapshot_id=target)
+            call = stub.GetMetadataDelta(req, timeout=30 if cancel else 0.5)
+            if cancel:
+                time.sleep(0.3)
+                call.cancel()
+            with pytest.raises(grpc.RpcError):
+                list(call)
+            assert backend.stopped.wait(5), "the scan went on after the client left"
+        expected = "CANCELLED" if cancel else "DEADLINE_EXCEEDED"
+        for _ in range(100):
+            if f"GetMetadataDelta {expected}" in log.getvalue():
+                break
+            time.sleep(0.02)
+        assert f"GetMetadataDelta {expected}" in log.getvalue()
+    finally:
+        driver.stop(grace=1)
+        logging.getLogger().handlers = [h for h in logging.getLogger().handlers if h.get_name() != "ballast"]

@@ -339,8 +339,16 @@ class AwsBackend(SnapshotDelegation, Backend):
         return self._changed_blocks().allocated(snapshot_id, start, block)
 
     def snapshot_delta(
-        self, base_id: str, target_id: str, start: int, block: int, secrets: Mapping[str, str]
+        self,
+        base_id: str,
+        target_id: str,
+        start: int,
+        block: int,
+        secrets: Mapping[str, str],
+        wanted: Callable[[], bool] = lambda: True,
     ) -> BlockMap:
+        """`wanted` is not asked: every page of changed blocks is one EBS call, and the stream sees the
+        call end between its messages."""
         return self._changed_blocks().delta(base_id, target_id, start, block)
 
     # ------------------------------------------------------------------ node side

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from csi import extents
 from csi.backends.local import files
@@ -79,7 +79,14 @@ class LocalBlocks:
         row, path = self._snapshot(snapshot_id, start)
         return BlockMap(row.size, _guarded(extents.allocated(path, start, block), snapshot_id))
 
-    def delta(self, base_id: str, target_id: str, start: int, block: int) -> BlockMap:
+    def delta(
+        self,
+        base_id: str,
+        target_id: str,
+        start: int,
+        block: int,
+        wanted: Callable[[], bool] = extents.always,
+    ) -> BlockMap:
         if base_id == target_id:
             raise InvalidParameterError("base_snapshot_id and target_snapshot_id name the same snapshot")
         base, base_path = self._snapshot(base_id, 0)
@@ -95,7 +102,13 @@ class LocalBlocks:
             )
         self.last_read = extents.ReadStats()
         ranges = extents.changed(
-            base_path, target_path, start, block, share_aware=self.reflinks(), stats=self.last_read
+            base_path,
+            target_path,
+            start,
+            block,
+            share_aware=self.reflinks(),
+            stats=self.last_read,
+            wanted=wanted,
         )
         return BlockMap(target.size, _guarded(ranges, f"{base_id} or {target_id}"))
 

@@ -3,7 +3,7 @@ health checks (health.py) and changed-block tracking (cbt.py) of its data dir.""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from csi.backends.local.cbt import LocalBlocks
 from csi.backends.local.health import LocalHealth
@@ -33,6 +33,12 @@ class LocalReporting:
         return self.blocks.allocated(snapshot_id, start, block)
 
     def snapshot_delta(
-        self, base_id: str, target_id: str, start: int, block: int, secrets: Mapping[str, str]
+        self,
+        base_id: str,
+        target_id: str,
+        start: int,
+        block: int,
+        secrets: Mapping[str, str],
+        wanted: Callable[[], bool] = lambda: True,
     ) -> BlockMap:
-        return self.blocks.delta(base_id, target_id, start, block)
+        return self.blocks.delta(base_id, target_id, start, block, wanted)
