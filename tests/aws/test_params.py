@@ -44,6 +44,9 @@ from csi.failures import InvalidParameterError, NotFoundError, OutOfRangeError
             id="k8s-key-passes",
         ),
         pytest.param({"type": "st1"}, {"type": "st1"}, id="st1"),
+        pytest.param(
+            {"kmsKeyId": "k"}, {"type": "gp3", "kmsKeyId": "k", "encrypted": "true"}, id="kms-encrypts"
+        ),
         pytest.param({"type": "sc1"}, {"type": "sc1"}, id="sc1"),
         pytest.param({"type": "standard"}, {"type": "standard"}, id="standard"),
         pytest.param(
@@ -63,13 +66,12 @@ def test_validate_accepts(given: dict[str, str], expected: dict[str, str]) -> No
         pytest.param({"zone": "us-east-1a"}, "zone", id="unknown-key"),
         pytest.param({"type": "gp4"}, "type", id="unknown-type"),
         pytest.param({"iops": "3000", "iopsPerGB": "10"}, "mutually exclusive", id="iops-and-per-gb"),
-        pytest.param({"type": "gp2", "iops": "3000"}, "iops", id="iops-on-gp2"),
         pytest.param({"type": "io2"}, "iops", id="io2-without-iops"),
         pytest.param({"iops": "lots"}, "iops", id="iops-not-a-number"),
-        pytest.param({"type": "gp2", "throughput": "200"}, "throughput", id="throughput-on-gp2"),
         pytest.param({"throughput": "5000"}, "throughput", id="throughput-above-max"),
         pytest.param({"encrypted": "yes"}, "encrypted", id="bad-bool"),
-        pytest.param({"kmsKeyId": "k"}, "kmsKeyId", id="kms-without-encryption"),
+        pytest.param({"kmsKeyId": "k", "encrypted": "false"}, "kmsKeyId", id="kms-but-not-encrypted"),
+        pytest.param({"type": "st1", "iops": "lots"}, "iops", id="ignored-iops-still-a-number"),
         pytest.param({"tagSpecification_1": "novalue"}, "tagSpecification_1", id="tag-without-equals"),
         pytest.param({"tagSpecification_1": "aws:x=1"}, "reserved", id="tag-aws-prefix"),
         pytest.param({"tagSpecification_1": "CSIVolumeName=x"}, "reserved", id="tag-owned-by-driver"),
@@ -217,3 +219,31 @@ def test_the_claim_gives_the_in_tree_era_tags() -> None:
     assert P.spec_tags({"tagSpecification_1": "team = storage"}, VOLUME_FIELDS, metadata) == {
         "team": "storage"
     }
+
+
+@pytest.mark.parametrize(
+    ("given", "expected", "ignored"),
+    [
+        pytest.param({"type": "gp2", "iops": "3000"}, {"type": "gp2"}, "iops", id="iops-on-gp2"),
+        pytest.param(
+            {"type": "sc1", "iopsPerGB": "10"}, {"type": "sc1"}, "iopsPerGB", id="iops-per-gb-on-sc1"
+        ),
+        pytest.param(
+            {"type": "gp2", "throughput": "200"}, {"type": "gp2"}, "throughput", id="throughput-on-gp2"
+        ),
+        pytest.param(
+            {"type": "io1", "iops": "100", "throughput": "200"},
+            {"type": "io1", "iops": "100"},
+            "throughput",
+            id="throughput-on-io1",
+        ),
+    ],
+)
+def test_what_the_ebs_driver_ignores_is_left_out_with_a_warning(
+    given: dict[str, str], expected: dict[str, str], ignored: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The EBS CSI driver sends IOPS only for the types that provision them and a throughput only for
+    gp3: its classes that name one elsewhere work here too, the setting left out and said so."""
+    with caplog.at_level("WARNING", logger="ballast.aws"):
+        assert P.validate(given) == expected
+    assert [r.getMessage().split(" is ignored")[0] for r in caplog.records] == [f"parameter {ignored}"]

@@ -36,21 +36,8 @@ TAG_PREFIX = "tagSpecification_"
 TAG_DELETION_PREFIX = "tagDeletion_"  # VolumeAttributesClass only: the value is a tag key to remove
 LEGACY_FS_TYPE = "fstype"  # deprecated in the EBS driver; the filesystem comes from the capability
 
-_CANONICAL = {
-    k.lower(): k
-    for k in (
-        TYPE,
-        IOPS,
-        IOPS_PER_GB,
-        ALLOW_AUTO_IOPS,
-        ALLOW_AUTO_IOPS_ON_MODIFY,
-        THROUGHPUT,
-        ENCRYPTED,
-        KMS_KEY_ID,
-        BLOCK_EXPRESS,
-        INITIALIZATION_RATE,
-    )
-}
+_CANONICAL = {k.lower(): k for k in (TYPE, IOPS, IOPS_PER_GB, ALLOW_AUTO_IOPS, ALLOW_AUTO_IOPS_ON_MODIFY)}
+_CANONICAL |= {k.lower(): k for k in (THROUGHPUT, ENCRYPTED, KMS_KEY_ID, BLOCK_EXPRESS, INITIALIZATION_RATE)}
 _PASS_THROUGH = {k.lower(): k for k in keys.FORMAT_KEYS}  # and every csi.storage.k8s.io/ key
 MUTABLE_KEYS = (TYPE, IOPS, THROUGHPUT)  # and tag changes (mutable.py)
 
@@ -231,8 +218,9 @@ def validate(parameters: Mapping[str, str], lenient_tags: bool = False) -> dict[
     for key in (ALLOW_AUTO_IOPS, ALLOW_AUTO_IOPS_ON_MODIFY, ENCRYPTED, BLOCK_EXPRESS):
         if key in out:
             out[key] = str(_bool(key, out[key])).lower()
-    if KMS_KEY_ID in out and out.get(ENCRYPTED) != "true":
-        raise InvalidParameterError(f"parameter {KMS_KEY_ID} needs {ENCRYPTED}=true")
+    # a key encrypts (as with the EBS CSI driver, which sets Encrypted with it); "false" contradicts it
+    if KMS_KEY_ID in out and out.setdefault(ENCRYPTED, "true") != "true":
+        raise InvalidParameterError(f"parameter {KMS_KEY_ID} needs {ENCRYPTED}=true, or no {ENCRYPTED}")
     if INITIALIZATION_RATE in out:
         low, high = INITIALIZATION_RATES
         rate = whole_number(INITIALIZATION_RATE, out[INITIALIZATION_RATE])
@@ -269,9 +257,10 @@ def _canonical(parameters: Mapping[str, str], lenient_tags: bool) -> dict[str, s
     return out
 
 
-def _check_iops(out: Mapping[str, str], kind: str) -> None:
-    """Whole numbers, on a type that takes them, not both; the range depends on the size and is applied
-    at creation (provisioned_iops)."""
+def _check_iops(out: dict[str, str], kind: str) -> None:
+    """Whole numbers, not both; the range depends on the size and is applied at creation
+    (provisioned_iops). On a type without provisioned IOPS they are left out with a warning, as the EBS
+    CSI driver ignores them there: a class written for it works unchanged."""
     limits = VOLUME_TYPES[kind]
     if IOPS in out and IOPS_PER_GB in out:
         raise InvalidParameterError(f"parameters {IOPS} and {IOPS_PER_GB} are mutually exclusive")
@@ -279,18 +268,24 @@ def _check_iops(out: Mapping[str, str], kind: str) -> None:
         if key in out:
             whole_number(key, out[key])
             if not limits.max_iops:
-                raise InvalidParameterError(f"parameter {key}: volume type {kind} has no provisioned IOPS")
+                log.warning("parameter %s is ignored: volume type %s has no provisioned IOPS", key, kind)
+                del out[key]
     if limits.iops_required and IOPS not in out and IOPS_PER_GB not in out:
         raise InvalidParameterError(f"volume type {kind} needs parameter {IOPS} or {IOPS_PER_GB}")
 
 
-def _check_throughput(out: Mapping[str, str], kind: str) -> None:
+def _check_throughput(out: dict[str, str], kind: str) -> None:
+    """A whole number in gp3's range; on another type left out with a warning, as _check_iops does."""
     if THROUGHPUT not in out:
         return
     mibs = whole_number(THROUGHPUT, out[THROUGHPUT])
     limits = VOLUME_TYPES[kind].throughput
     if limits is None:
-        raise InvalidParameterError(f"parameter {THROUGHPUT}: only gp3 volumes take a throughput")
+        log.warning(
+            "parameter %s is ignored: volume type %s takes no throughput (only gp3 does)", THROUGHPUT, kind
+        )
+        del out[THROUGHPUT]
+        return
     low, high = limits
     if not low <= mibs <= high:
         raise InvalidParameterError(f"parameter {THROUGHPUT}: gp3 allows {low}..{high} MiB/s, got {mibs}")
