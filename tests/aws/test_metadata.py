@@ -13,6 +13,8 @@ from csi.backends.aws import AwsBackend
 from csi.backends.aws.devices import INSTANCE_STORE_MODEL, DeviceFinder
 from csi.backends.aws.metadata import (
     DEFAULT_LIMIT,
+    TOKEN_MARGIN,
+    TOKEN_TTL,
     XEN_LIMIT,
     Imds,
     attach_limit,
@@ -30,9 +32,11 @@ METADATA = {
 
 
 class FakeImds(BaseHTTPRequestHandler):
-    """IMDSv2: PUT /latest/api/token, then GETs that must carry the token."""
+    """IMDSv2: PUT /latest/api/token, then GETs that must carry the token of the current `generation`
+    (a new generation: every token handed out before has expired)."""
 
     requests: list[str] = []
+    generation = 0
 
     def log_message(self, format: str, *args: object) -> None:
         pass
@@ -40,13 +44,13 @@ class FakeImds(BaseHTTPRequestHandler):
     def do_PUT(self) -> None:
         self.requests.append("PUT " + self.path)
         if self.path == "/latest/api/token" and self.headers.get("X-aws-ec2-metadata-token-ttl-seconds"):
-            self._reply(200, TOKEN)
+            self._reply(200, f"{TOKEN}-{FakeImds.generation}")
         else:
             self._reply(400, "")
 
     def do_GET(self) -> None:
         self.requests.append("GET " + self.path)
-        if self.headers.get("X-aws-ec2-metadata-token") != TOKEN:
+        if self.headers.get("X-aws-ec2-metadata-token") != f"{TOKEN}-{FakeImds.generation}":
             self._reply(401, "")
             return
         value = METADATA.get(self.path.removeprefix("/latest/meta-data/"))
@@ -60,7 +64,7 @@ class FakeImds(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def imds() -> Iterator[Imds]:
-    FakeImds.requests = []
+    FakeImds.requests, FakeImds.generation = [], 0
     server = ThreadingHTTPServer(("127.0.0.1", 0), FakeImds)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -217,3 +221,26 @@ def test_configured_limit_is_not_recomputed(imds: Imds, make_backend: Callable[.
     backend = make_backend(imds=imds, zone="us-east-1a", max_volumes=9)
     assert backend.node_identity().max_volumes == 9
     assert not any("network" in r for r in FakeImds.requests)
+
+
+def test_a_token_imds_no_longer_takes_is_renewed(imds: Imds) -> None:
+    """IMDS refuses an expired session token with 401: a new one is fetched and the read succeeds."""
+    assert imds.get("instance-type") == "m7i.large"
+    FakeImds.generation += 1  # every token handed out so far has expired
+    assert imds.get("instance-type") == "m7i.large"
+    assert FakeImds.requests.count("PUT /latest/api/token") == 2
+
+
+def test_a_token_is_renewed_before_it_expires(imds: Imds) -> None:
+    now = [1000.0]
+    imds._clock = lambda: now[0]
+    imds.get("instance-type")
+    now[0] += TOKEN_TTL - TOKEN_MARGIN - 1
+    imds.get("instance-type")
+    assert FakeImds.requests.count("PUT /latest/api/token") == 1, "still fresh: reused"
+    now[0] += 2
+    imds.get("instance-type")
+    assert FakeImds.requests.count("PUT /latest/api/token") == 2, "near its end: renewed first"
+    assert [r for r in FakeImds.requests if r.startswith("GET")] == [
+        "GET /latest/meta-data/instance-type"
+    ] * 3

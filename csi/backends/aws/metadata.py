@@ -11,9 +11,10 @@ from __future__ import annotations
 import logging
 import os
 import re
+import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from csi.failures import FailedPreconditionError
@@ -21,6 +22,8 @@ from csi.failures import FailedPreconditionError
 log = logging.getLogger("ballast.aws")
 
 IMDS_ENDPOINT = "http://169.254.169.254"
+TOKEN_TTL = 21600  # seconds an IMDSv2 session token is asked to live (the most IMDS grants)
+TOKEN_MARGIN = 300  # renewed this long before it would expire
 ZONE_ENV = "AWS_AVAILABILITY_ZONE"
 INSTANCE_ID = re.compile(r"i-[0-9a-f]{8,17}")
 
@@ -83,33 +86,46 @@ def shares_slots_with_network_interfaces(instance_type: str) -> bool:
 
 
 class Imds:
-    """A minimal IMDSv2 client (session token, then GET). `endpoint` is injectable for tests."""
+    """A minimal IMDSv2 client (session token, then GET). `endpoint` and `clock` are injectable for
+    tests. A session token lives TOKEN_TTL seconds: it is fetched again before it expires, and at once
+    when IMDS refuses it (401), so a node plugin that runs for days keeps reading metadata."""
 
-    def __init__(self, endpoint: str = IMDS_ENDPOINT, timeout: float = 1.0) -> None:
+    def __init__(
+        self, endpoint: str = IMDS_ENDPOINT, timeout: float = 1.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.endpoint = endpoint.rstrip("/")
         self.timeout = timeout
-        self._token = ""
+        self._clock = clock
+        self._token, self._fetched = "", 0.0
 
-    def _session(self) -> str:
-        if not self._token:
+    def _session(self, renew: bool = False) -> str:
+        if renew or not self._token or self._clock() - self._fetched > TOKEN_TTL - TOKEN_MARGIN:
             request = urllib.request.Request(
                 f"{self.endpoint}/latest/api/token",
                 method="PUT",
-                headers={"X-aws-ec2-metadata-token-ttl-seconds": "21600"},
+                headers={"X-aws-ec2-metadata-token-ttl-seconds": str(TOKEN_TTL)},
             )
+            fetched = self._clock()
             with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                self._token = response.read().decode()
+                self._token, self._fetched = response.read().decode(), fetched
         return self._token
+
+    def _read(self, path: str, token: str) -> str:
+        request = urllib.request.Request(
+            f"{self.endpoint}/latest/meta-data/{path}", headers={"X-aws-ec2-metadata-token": token}
+        )
+        with urllib.request.urlopen(request, timeout=self.timeout) as response:
+            return str(response.read().decode().strip())
 
     def get(self, path: str) -> str:
         """The metadata value at `latest/meta-data/<path>`; FailedPreconditionError when unreachable."""
         try:
-            request = urllib.request.Request(
-                f"{self.endpoint}/latest/meta-data/{path}",
-                headers={"X-aws-ec2-metadata-token": self._session()},
-            )
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                return str(response.read().decode().strip())
+            try:
+                return self._read(path, self._session())
+            except urllib.error.HTTPError as refused:
+                if refused.code != 401:  # not a token IMDS no longer takes
+                    raise
+                return self._read(path, self._session(renew=True))
         except (urllib.error.URLError, OSError) as exc:
             raise FailedPreconditionError(
                 f"instance metadata ({path}) is unavailable ({exc}); give --node-id, --zone or "
