@@ -105,7 +105,7 @@ def inject_errors(
             return None
         code = codes.pop(0)
         error = {"Code": code, "Message": message or f"injected {code}"}
-        return _Http(status), {"Error": error, "ResponseMetadata": {}}
+        return _Http(status), {"Error": error, "ResponseMetadata": {"HTTPStatusCode": status}}
 
     client.meta.events.register(f"before-call.ec2.{operation}", fail)
     return codes

@@ -115,6 +115,30 @@ def test_throttling_that_persists_becomes_transient(make_backend: Callable[..., 
     assert status_for(failures.TransientError("x"))[0] == grpc.StatusCode.UNAVAILABLE
 
 
+@pytest.mark.parametrize("status", [500, 502, 503, 504])
+def test_a_bare_server_error_is_retried_and_then_unavailable(
+    make_backend: Callable[..., AwsBackend], status: int
+) -> None:
+    """A gateway or VPC endpoint answering an HTML error page: botocore makes the status the code, which
+    is none of EC2's. It is retried like throttling, then UNAVAILABLE, never INTERNAL."""
+    backend = make_backend(backoff=Backoff(attempts=3, initial=0.001, maximum=0.002))
+    pending = inject_errors(backend.ec2.client, "DescribeAvailabilityZones", [str(status)] * 2, status=status)
+    assert backend.probe() is True and pending == []
+    inject_errors(backend.ec2.client, "DescribeVolumes", [str(status)] * 3, status=status)
+    with pytest.raises(failures.TransientError, match=str(status)):
+        backend.get_volume("vol-0123456789abcdef0")
+
+
+def test_a_client_error_status_without_a_known_code_is_not_retried(
+    make_backend: Callable[..., AwsBackend],
+) -> None:
+    backend = make_backend()
+    pending = inject_errors(backend.ec2.client, "DescribeVolumes", ["400", "400"], status=400)
+    with pytest.raises(failures.DriverError) as raised:
+        backend.get_volume("vol-0123456789abcdef0")
+    assert type(raised.value) is failures.DriverError and len(pending) == 1
+
+
 def test_non_throttling_errors_are_not_retried(make_backend: Callable[..., AwsBackend]) -> None:
     backend = make_backend()
     pending = inject_errors(

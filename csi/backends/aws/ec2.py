@@ -29,7 +29,7 @@ from botocore.parsers import ResponseParserError
 
 from csi import failures
 from csi.backends.aws.batching import Batcher, Records, grouped
-from csi.backends.aws.errors import RETRIED_CODES, UnsupportedActionError, error_code, translate
+from csi.backends.aws.errors import UnsupportedActionError, error_code, retried, translate
 
 log = logging.getLogger("ballast.aws")
 # Seconds a volume EC2 just created may go unlisted (its API is eventually consistent) before it is
@@ -111,7 +111,7 @@ class Ec2:
                 response: dict[str, Any] = method(**params)
                 return response
             except ClientError as exc:
-                if error_code(exc) not in RETRIED_CODES or not delays:
+                if not retried(exc) or not delays:
                     raise translate(exc, operation) from exc
                 log.info("EC2 %s: %s, retrying", operation, error_code(exc))
             except (ConnectionError, HTTPClientError) as exc:

@@ -88,13 +88,28 @@ RETRIED_CODES = frozenset(code for code, klass in AWS_ERRORS.items() if klass is
 }
 
 
+# HTTP statuses of a server or gateway failing: without one of EC2's own error codes (an HTML page from
+# a proxy or VPC endpoint, where botocore makes the status the code) they are transient.
+SERVER_STATUSES = frozenset({500, 502, 503, 504})
+
+
 def error_code(exc: ClientError) -> str:
     return str(exc.response.get("Error", {}).get("Code", ""))
+
+
+def _bare_server_error(exc: ClientError) -> bool:
+    status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    return status in SERVER_STATUSES and error_code(exc) not in AWS_ERRORS
+
+
+def retried(exc: ClientError) -> bool:
+    """Whether Ec2 tries the call again: a code that says so (RETRIED_CODES), or a bare server error."""
+    return error_code(exc) in RETRIED_CODES or _bare_server_error(exc)
 
 
 def translate(exc: ClientError, operation: str) -> failures.DriverError:
     """The backend error for an EC2 ClientError; the message names the operation and EC2's reason."""
     code = error_code(exc)
     message = exc.response.get("Error", {}).get("Message", "") or code
-    klass = AWS_ERRORS.get(code, failures.DriverError)
+    klass = failures.TransientError if _bare_server_error(exc) else AWS_ERRORS.get(code, failures.DriverError)
     return klass(f"EC2 {operation}: {code}: {message}")
