@@ -5,7 +5,8 @@ driver's volumes lands on it before the driver can mount for them. Once this nod
 kubelet has registered it (the node's CSINode lists the driver), the plugin removes that taint from its
 own Node. It keeps looking for a bounded time (the Node or its CSINode entry may appear late), retries
 when the Node changed under it (409), and stops quietly when it has no API access: no in-cluster config
-and no KUBECONFIG, no `kubernetes` client installed, or RBAC forbids the read or the patch.
+and no KUBECONFIG, a KUBECONFIG it cannot use (one warning), no `kubernetes` client installed, or RBAC
+forbids the read or the patch.
 
 The Node name comes from `--node-name` / CSI_NODE_NAME (the chart sets it from spec.nodeName); empty
 disables the whole thing.
@@ -54,7 +55,13 @@ def _clients() -> tuple[Any, Any] | None:
         if not os.environ.get("KUBECONFIG"):
             log.info("startup taint not handled: no in-cluster config and no KUBECONFIG")
             return None
-        from_file()
+        try:
+            from_file()
+        except (kubernetes.config.ConfigException, OSError, ValueError) as exc:
+            log.warning(
+                "startup taint not removed: KUBECONFIG %s is unusable: %s", os.environ["KUBECONFIG"], exc
+            )
+            return None
     return kubernetes.client.CoreV1Api(), kubernetes.client.StorageV1Api()
 
 

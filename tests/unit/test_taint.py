@@ -98,3 +98,23 @@ def test_run_gives_up_quietly_when_forbidden() -> None:
     api = FakeApi([DRIVER], [KEY], errors=[403])
     remover(api).run()  # returns at once, raises nothing
     assert [t.key for t in api.taints] == [KEY] and api.patches == []
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        pytest.param("not: [valid", id="not-yaml"),
+        pytest.param("apiVersion: v1\nkind: Config\n", id="no-context"),
+    ],
+)
+def test_an_unusable_kubeconfig_is_one_warning_not_a_dead_thread(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, content: str
+) -> None:
+    config = tmp_path / "kubeconfig"
+    config.write_text(content)
+    monkeypatch.setenv("KUBECONFIG", str(config))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with caplog.at_level("WARNING", logger="ballast.taint"):
+        StartupTaintRemover(DRIVER, "node-1").run()  # returns, raises nothing
+    assert [r.getMessage().split(":")[0] for r in caplog.records] == ["startup taint not removed"]
+    assert str(config) in caplog.records[0].getMessage()
