@@ -17,6 +17,7 @@ class InFlight:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._keys: set[str] = set()
+        self._holds = 0
 
     @contextmanager
     def hold(self, *keys: str) -> Iterator[None]:
@@ -28,12 +29,15 @@ class InFlight:
                     f"an operation on {busy.split(':', 1)[-1]} is already in progress; retry later"
                 )
             self._keys.update(keys)
+            self._holds += 1
         try:
             yield
         finally:
             with self._lock:
                 self._keys.difference_update(keys)
+                self._holds -= 1
 
     def __len__(self) -> int:
+        """Operations holding keys now (one however many keys it holds)."""
         with self._lock:
-            return len(self._keys)
+            return self._holds
