@@ -183,6 +183,20 @@ def check_mount_flags(flags: Sequence[str], fs_type: str | None) -> list[str]:
     return out
 
 
+def check_mount_flags_any(flags: Sequence[str]) -> list[str]:
+    """Flags for a mount that names no fs type: the device may already hold any filesystem, so they
+    pass when one of FS_TYPES takes them all (the default's refusal otherwise); the stage checks them
+    again against the filesystem it finds."""
+    refusal: InvalidParameterError | None = None
+    for fs_type in (DEFAULT_FS_TYPE, *(f for f in FS_TYPES if f != DEFAULT_FS_TYPE)):
+        try:
+            return check_mount_flags(flags, fs_type)
+        except InvalidParameterError as exc:
+            refusal = refusal or exc
+    assert refusal is not None
+    raise refusal
+
+
 def _check_consistent(flags: Sequence[str]) -> None:
     """VFS flags that undo each other (ro and rw, sync and async) -> InvalidParameterError: the kernel
     would take the last one, while the request's own reading (is it read-only?) may take the other."""

@@ -19,7 +19,14 @@ from csi.backends.base import Backend
 from csi.capabilities import NRPC, Capabilities
 from csi.config import Config
 from csi.failures import FailedPreconditionError, InvalidParameterError, NotFoundError, OutOfRangeError
-from csi.filesystems import VFS_FLAGS, check_fs_type, check_mount_flags, mkfs_argv, requested_fs_type
+from csi.filesystems import (
+    VFS_FLAGS,
+    check_fs_type,
+    check_mount_flags,
+    check_mount_flags_any,
+    mkfs_argv,
+    requested_fs_type,
+)
 from csi.health_rpcs import NodeHealthRPCs
 from csi.inflight import InFlight
 from csi.mount import Mounter
@@ -56,6 +63,14 @@ def _fs_type(cap: csi_pb2.VolumeCapability, volume_context: Mapping[str, str]) -
     """(fs type, whether it was asked for explicitly)."""
     asked = requested_fs_type(cap.mount.fs_type, volume_context)
     return check_fs_type(asked), bool(asked)
+
+
+def _mount_flags(cap: csi_pb2.VolumeCapability, fs_type: str, explicit: bool) -> list[str]:
+    """The capability's mount flags, for its filesystem; with none named, for any (the device may
+    already hold another than the default: the stage checks them against the one it finds)."""
+    if explicit:
+        return check_mount_flags(cap.mount.mount_flags, fs_type)
+    return check_mount_flags_any(cap.mount.mount_flags)
 
 
 def _readonly(cap: csi_pb2.VolumeCapability, flags: list[str], readonly: bool = False) -> bool:
@@ -128,7 +143,7 @@ class NodeService(NodeHealthRPCs, csi_pb2_grpc.NodeServicer):
             check_mount_flags(cap.mount.mount_flags, None)
         else:
             fs_type, explicit = _fs_type(cap, vc)
-            flags = check_mount_flags(cap.mount.mount_flags, fs_type)
+            flags = _mount_flags(cap, fs_type, explicit)
             mkfs_argv("/dev/null", fs_type, vc)  # validates the format options before anything runs
             fs = Filesystem(fs_type, explicit, flags, _readonly(cap, flags), vc)
         with self._inflight.hold(f"node:{volume_id}"):
@@ -166,7 +181,9 @@ class NodeService(NodeHealthRPCs, csi_pb2_grpc.NodeServicer):
         vc = dict(request.volume_context)
         partition = parse_partition(vc)
         block = is_block(cap)
-        flags = check_mount_flags(cap.mount.mount_flags, None if block else _fs_type(cap, vc)[0])
+        flags = (
+            check_mount_flags(cap.mount.mount_flags, None) if block else _mount_flags(cap, *_fs_type(cap, vc))
+        )
         readonly = _readonly(cap, flags, request.readonly)
         bind_flags = [f for f in flags if f in VFS_FLAGS and f not in ("ro", "rw")]
         if readonly:

@@ -30,7 +30,7 @@ from typing import NamedTuple
 from csi import devices, keys, paths
 from csi.backends.base import Backend
 from csi.failures import AlreadyExistsError, FailedPreconditionError, NotFoundError, os_failures
-from csi.filesystems import EXT_TYPES, FS_TYPES
+from csi.filesystems import EXT_TYPES, FS_TYPES, check_mount_flags
 from csi.mount import Mounter, MountInfo, Probe
 from csi.publishing import Publication, Publisher, Source
 from shim import failpoints
@@ -257,6 +257,7 @@ class Stager:
         if probe.blank:
             if fs.readonly:
                 raise FailedPreconditionError(f"{device} has no filesystem and cannot be formatted read-only")
+            check_mount_flags(fs.flags, fs.fs_type)  # before anything is written (see below)
             self._mounter.mkfs(device, fs.fs_type, fs.options, zeroed=never_written)
             failpoints.hit("node.stage.formatted")
             return fs.fs_type, False
@@ -273,6 +274,7 @@ class Stager:
                     "it is never reformatted"
                 )
             fs_type = probe.fs_type
+        check_mount_flags(fs.flags, fs_type)  # naming no fs type, they were checked for any filesystem
         if fs.readonly:
             return fs_type, False
         grow = _needs_growth(device, fs_type)

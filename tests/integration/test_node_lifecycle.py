@@ -13,6 +13,7 @@ import pytest
 
 from csi import loopfind
 from csi._proto import csi_pb2
+from csi.backends.local import files
 from csi.devices import device_readonly as mount_readonly
 from csi.mount import Mounter
 from tests.conftest import in_ci, require_tool
@@ -177,6 +178,43 @@ def test_existing_filesystem_is_never_reformatted(node_env: NodeEnv, fs_type: st
     node_env.publish(vol, cap)
     with open(os.path.join(vol.target, "keep.txt")) as fh:
         assert fh.read() == "precious"
+
+
+@pytest.mark.parametrize(
+    ("held", "code"),
+    [
+        pytest.param("xfs", grpc.StatusCode.OK, id="xfs-held-takes-an-xfs-flag"),
+        pytest.param("ext4", grpc.StatusCode.INVALID_ARGUMENT, id="ext4-held-refuses-it"),
+        pytest.param("", grpc.StatusCode.INVALID_ARGUMENT, id="blank-not-formatted-for-a-flag-ext4-refuses"),
+    ],
+)
+def test_a_mount_naming_no_fs_type_takes_the_flags_of_the_filesystem_it_finds(
+    node_env: NodeEnv, held: str, code: grpc.StatusCode
+) -> None:
+    """With no fs type asked for, the device may already hold xfs: its flags are checked against the
+    filesystem the stage finds (or, on a blank device, the default it would make) before anything is
+    written or mounted."""
+    _need("xfs")
+    vol = node_env.volume(320 * MiB)
+    if held:
+        node_env.stage(vol, mount_cap(held))
+        node_env.unstage(vol)
+    cap = mount_cap("", flags=("logbufs=4",))
+    if code is grpc.StatusCode.OK:
+        node_env.stage(vol, cap)
+        info = Mounter().mount_at(vol.staging)
+        assert info is not None and info.fs_type == "xfs" and "logbufs=4" in info.super_options
+        return
+    request = csi_pb2.NodeStageVolumeRequest(
+        volume_id=vol.id,
+        staging_target_path=vol.staging,
+        volume_capability=cap,
+        publish_context=vol.publish_context,
+    )
+    node_env.staged[vol.id] = vol.staging
+    assert_code(node_env.client.node.NodeStageVolume, request, code, contains="logbufs=4")
+    assert not _mounted(vol.staging)
+    assert held or files.has_no_data(vol.file), "nothing was formatted"
 
 
 def test_partition_table_is_never_formatted_and_partition_attribute_selects_one(node_env: NodeEnv) -> None:

@@ -16,6 +16,7 @@ from csi.filesystems import (
     MS_RDONLY,
     check_fs_type,
     check_mount_flags,
+    check_mount_flags_any,
     mkfs_argv,
     split_flags,
 )
@@ -106,6 +107,25 @@ def test_mount_flags_allowed(flags: list[str], fs_type: str | None, expected: li
 def test_mount_flags_rejected(flags: list[str], fs_type: str | None) -> None:
     with pytest.raises(InvalidParameterError, match="not allowed"):
         check_mount_flags(flags, fs_type)
+
+
+@pytest.mark.parametrize(
+    ("flags", "accepted"),
+    [
+        pytest.param(["noatime"], True, id="vfs-flag"),
+        pytest.param(["data=ordered"], True, id="ext4-only"),
+        pytest.param(["logbufs=4", "nouuid"], True, id="xfs-only"),
+        pytest.param(["data=ordered", "logbufs=4"], False, id="no-filesystem-takes-both"),
+        pytest.param(["bogus"], False, id="none-takes-it"),
+    ],
+)
+def test_flags_for_a_mount_naming_no_fs_type(flags: list[str], accepted: bool) -> None:
+    """The device may hold any filesystem: flags pass when one filesystem takes them all."""
+    if accepted:
+        assert check_mount_flags_any(flags) == flags
+        return
+    with pytest.raises(InvalidParameterError, match="for ext4"):
+        check_mount_flags_any(flags)
 
 
 @pytest.mark.parametrize(
