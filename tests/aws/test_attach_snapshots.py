@@ -18,7 +18,7 @@ from csi.failures import (
     LimitExceededError,
     NotFoundError,
 )
-from tests.aws.conftest import OTHER_ZONE, inject_errors, lose_answers
+from tests.aws.conftest import OTHER_ZONE, _Http, inject_errors, lose_answers
 from tests.motoserver import ZONE, run_instance
 
 EBS_ZONE = "topology.ebs.csi.aws.com/zone"
@@ -190,6 +190,28 @@ def test_a_create_snapshot_whose_answer_is_lost_makes_one_snapshot(backend: AwsB
     made = ec2.describe_snapshots(OwnerIds=["self"])["Snapshots"]
     assert [s["SnapshotId"] for s in made] == [snap.id]
     assert backend.ec2.retry_counts().get("create_snapshot") == 1
+
+
+def test_a_lost_create_snapshot_answer_is_looked_for_until_ec2_lists_it(
+    backend: AwsBackend, ec2: Any
+) -> None:
+    """EC2 may list a snapshot it has just made only a moment later: after a lost answer, one lookup
+    that finds nothing does not make a second snapshot; it is looked for again."""
+    vid = volume(backend, "pvc-1")
+    lost = lose_answers(backend.ec2.client, "CreateSnapshot", 1)
+    lookups: list[int] = []
+
+    def not_listed_yet(**kwargs: Any) -> Any:
+        lookups.append(1)
+        if len(lookups) == 2:  # the first lookup after the lost answer
+            return _Http(200), {"Snapshots": [], "ResponseMetadata": {}}
+        return None
+
+    backend.ec2.client.meta.events.register("before-call.ec2.DescribeSnapshots", not_listed_yet)
+    snap = backend.create_snapshot("snap-lag", vid, {})
+    assert lost == [] and len(lookups) >= 3, "the answer was lost and the lag was seen"
+    made = ec2.describe_snapshots(OwnerIds=["self"])["Snapshots"]
+    assert [s["SnapshotId"] for s in made] == [snap.id]
 
 
 def test_snapshot_name_reused_for_another_volume_already_exists(backend: AwsBackend) -> None:

@@ -95,7 +95,9 @@ class Ec2:
     ) -> dict[str, Any]:
         """`call` for an operation EC2 cannot make idempotent (CreateSnapshot takes no client token):
         before each retry `landed()` is asked whether the failed attempt took effect after all (its
-        answer lost on the way back); what it returns is the response, and nothing is tried again."""
+        answer lost on the way back); what it returns is the response, and nothing is tried again.
+        After an answer that may have been lost (a connection failure), EC2 may not list what the
+        attempt made for a moment: `landed()` is asked again for up to LISTING_LAG seconds."""
         return self._call(operation, params, landed)
 
     def _call(
@@ -107,6 +109,7 @@ class Ec2:
         method = getattr(self.client, operation)
         delays = self.backoff.delays()
         while True:
+            lost = False
             try:
                 response: dict[str, Any] = method(**params)
                 return response
@@ -118,6 +121,7 @@ class Ec2:
                 if not delays:
                     raise failures.TransientError(f"EC2 {operation}: endpoint unreachable: {exc}") from exc
                 log.info("EC2 %s: %s, retrying", operation, exc)
+                lost = True
             except NoCredentialsError as exc:
                 raise failures.FailedPreconditionError(f"EC2 {operation}: no AWS credentials found") from exc
             except ParamValidationError as exc:
@@ -131,9 +135,17 @@ class Ec2:
             with self._lock:
                 self.retried[operation] += 1
             self._sleep(delays.pop(0))
-            if landed is not None and (found := landed()) is not None:
+            if landed is not None and (found := self._landed(landed, lost)) is not None:
                 log.info("EC2 %s: the failed attempt took effect; not repeated", operation)
                 return found
+
+    def _landed(self, landed: Callable[[], dict[str, Any] | None], lost: bool) -> dict[str, Any] | None:
+        """`landed()`; after a lost answer, asked until it finds something or LISTING_LAG (at most half
+        of `wait_timeout`) has passed."""
+        deadline = time.monotonic() + (min(LISTING_LAG, self.wait_timeout / 2) if lost else 0)
+        while (found := landed()) is None and time.monotonic() < deadline:
+            time.sleep(0.5)  # a wall-clock wait even where tests stub the backoff's sleep: no spinning
+        return found
 
     def describe_all(self, operation: str, key: str, **params: Any) -> list[dict[str, Any]]:
         """Every item of a filtered listing, `page_size` per request (EC2's MaxResults; without it a large
