@@ -22,6 +22,12 @@ else:
     _Interceptor = grpc.ServerInterceptor
 
 
+def deadline_passed(context: grpc.ServicerContext) -> bool:
+    """Whether the call had a deadline and it has passed: a client gone for that reason, not cancelled."""
+    remaining = context.time_remaining()
+    return remaining is not None and remaining <= 0
+
+
 class MethodInterceptor(_Interceptor):
     def __init__(self) -> None:
         self._handlers: dict[str, Handler] = {}

@@ -23,7 +23,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
 from csi._proto import csi_pb2
-from csi.interceptors import MethodInterceptor
+from csi.interceptors import MethodInterceptor, deadline_passed
 
 # Identifiers worth a log line; none can hold a secret.
 SUMMARY_FIELDS = (
@@ -236,8 +236,7 @@ class LoggingInterceptor(MethodInterceptor):
                     yield response
                     _request_id.value = rid
             except GeneratorExit:  # the client cancelled, or its deadline passed
-                remaining = context.time_remaining()
-                code = "DEADLINE_EXCEEDED" if remaining is not None and remaining <= 0 else "CANCELLED"
+                code = "DEADLINE_EXCEEDED" if deadline_passed(context) else "CANCELLED"
                 raise
             except BaseException:
                 code = _raised(context)

@@ -29,6 +29,7 @@ from csi import extents
 from csi._proto import csi_pb2, csi_pb2_grpc
 from csi.backends.base import Backend, BlockMap
 from csi.failures import DeadlineError, GaveUpError, InvalidParameterError, OutOfRangeError
+from csi.interceptors import deadline_passed
 from csi.validation import require_id
 
 BATCH = 1024  # ranges per message when the request sets no max_results
@@ -119,7 +120,6 @@ def _left_alone(context: grpc.ServicerContext, messages: Iterator[Any]) -> Itera
     try:
         yield from messages
     except extents.Abandoned:
-        remaining = context.time_remaining()
-        if remaining is not None and remaining <= 0:
+        if deadline_passed(context):
             raise DeadlineError("the deadline passed while changed blocks were scanned") from None
         raise GaveUpError("the client left while changed blocks were scanned") from None

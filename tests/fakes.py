@@ -42,7 +42,7 @@ from csi.backends.base import (
     seek_page,
 )
 from csi.config import Config
-from csi.extents import Range
+from csi.extents import Range, always
 from csi.failures import (
     AlreadyExistsError,
     FailedPreconditionError,
@@ -520,7 +520,7 @@ class FakeBackend(base.Backend):
         start: int,
         block: int,
         secrets: Mapping[str, str],
-        wanted: Callable[[], bool] = lambda: True,
+        wanted: Callable[[], bool] = always,
     ) -> BlockMap:
         self._enter("snapshot_delta", base_id, target_id, start, block, dict(secrets))
         if base_id not in self.snapshots:

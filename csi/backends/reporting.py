@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import NamedTuple
 
 from csi.backends.paging import Page
-from csi.extents import Range
+from csi.extents import Range, always
 from csi.failures import UnsupportedError
 from csi.health import Issue, StorageIssue, VolumeHealth
 
@@ -60,7 +60,7 @@ class Reporting:
         start: int,
         block: int,
         secrets: Mapping[str, str],
-        wanted: Callable[[], bool] = lambda: True,
+        wanted: Callable[[], bool] = always,
     ) -> BlockMap:
         """[snapshot_metadata] Ranges whose bytes differ between two snapshots of one volume (the target
         taken after the base), from the block containing `start`. A missing snapshot -> NotFoundError;

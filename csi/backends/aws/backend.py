@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Self
 
-from csi import keys
+from csi import extents, keys
 from csi.backends.aws import mutable, records
 from csi.backends.aws import params as P
 from csi.backends.aws.attachments import Attacher
@@ -345,7 +345,7 @@ class AwsBackend(SnapshotDelegation, Backend):
         start: int,
         block: int,
         secrets: Mapping[str, str],
-        wanted: Callable[[], bool] = lambda: True,
+        wanted: Callable[[], bool] = extents.always,
     ) -> BlockMap:
         """`wanted` is not asked: every page of changed blocks is one EBS call, and the stream sees the
         call end between its messages."""

@@ -140,12 +140,16 @@ class Ec2:
                 return found
 
     def _landed(self, landed: Callable[[], dict[str, Any] | None], lost: bool) -> dict[str, Any] | None:
-        """`landed()`; after a lost answer, asked until it finds something or LISTING_LAG (at most half
-        of `wait_timeout`) has passed."""
-        deadline = time.monotonic() + (min(LISTING_LAG, self.wait_timeout / 2) if lost else 0)
+        """`landed()`; after a lost answer, asked until it finds something or _listing_lag has passed."""
+        deadline = time.monotonic() + (self._listing_lag if lost else 0)
         while (found := landed()) is None and time.monotonic() < deadline:
-            time.sleep(0.5)  # a wall-clock wait even where tests stub the backoff's sleep: no spinning
+            time.sleep(0.5)  # each look is an EC2 call: paced by the clock, whatever `sleep` the backoff has
         return found
+
+    @property
+    def _listing_lag(self) -> float:
+        """How long something EC2 just made may go unlisted: LISTING_LAG, at most half of `wait_timeout`."""
+        return min(LISTING_LAG, self.wait_timeout / 2)
 
     def describe_all(self, operation: str, key: str, **params: Any) -> list[dict[str, Any]]:
         """Every item of a filtered listing, `page_size` per request (EC2's MaxResults; without it a large
@@ -202,14 +206,14 @@ class Ec2:
     def wait_available(self, vid: str) -> dict[str, Any]:
         """The volume's record once EC2 reports it available (or in use). A volume EC2 failed to create
         is deleted and reported (INTERNAL: the caller's retry creates it anew). EC2 may not list a
-        volume it has just created: one not listed is waited for LISTING_LAG seconds (at most half of
-        `wait_timeout`) before it is NotFoundError; one being deleted is NotFoundError at once."""
-        since, lag = time.monotonic(), min(LISTING_LAG, self.wait_timeout / 2)
+        volume it has just created: one not listed is waited for _listing_lag seconds before it is
+        NotFoundError; one being deleted is NotFoundError at once."""
+        since = time.monotonic()
 
         def check() -> dict[str, Any] | None:
             volume = self.find_volume(vid)
             if volume is None:
-                if time.monotonic() - since > lag:
+                if time.monotonic() - since > self._listing_lag:
                     raise failures.NotFoundError(f"volume {vid} not found")
                 return None
             if volume["State"] == "error":

@@ -314,7 +314,7 @@ class VolumeCreator:
                 log.info("client token %d of %r is burned (EC2 knows it with other arguments)", attempt, name)
                 continue
             if created.get("State") not in ("deleting", "deleted"):
-                with contextlib.suppress(NotFoundError):  # gone at once: the token was burned
+                with contextlib.suppress(NotFoundError):  # being deleted, or unlisted past the lag: burned
                     return self._ec2.wait_available(created["VolumeId"])
             log.info(
                 "client token %d of %r answered with deleted volume %s", attempt, name, created["VolumeId"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
+from csi import extents
 from csi.backends.local.cbt import LocalBlocks
 from csi.backends.local.health import LocalHealth
 from csi.backends.paging import Page
@@ -39,6 +40,6 @@ class LocalReporting:
         start: int,
         block: int,
         secrets: Mapping[str, str],
-        wanted: Callable[[], bool] = lambda: True,
+        wanted: Callable[[], bool] = extents.always,
     ) -> BlockMap:
         return self.blocks.delta(base_id, target_id, start, block, wanted)

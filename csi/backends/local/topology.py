@@ -46,5 +46,5 @@ class Segment:
             raise AlreadyExistsError(
                 f"{kind} {name!r} already exists ({object_id}) in segment {self.labels}, which the "
                 "request's accessibility_requirements exclude: add that segment to the requisite "
-                "topology, or delete the volume or use another name"
+                f"topology, or delete the {kind} or use another name"
             )
