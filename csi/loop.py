@@ -27,7 +27,7 @@ import subprocess
 import threading
 import time
 
-from csi.devices import device_size
+from csi.devices import device_readonly, device_size, set_device_readonly
 from csi.failures import InvalidParameterError, NotFoundError, TransientError
 from csi.loopfind import (
     LO_NAME_SIZE,
@@ -120,12 +120,23 @@ def attach(backing_file: str) -> str:
             if existing:
                 return existing[0]
             try:
-                return _attach_ioctl(fd, lo_flags, backing_file)
+                return _writable(_attach_ioctl(fd, lo_flags, backing_file))
             except _Fallback:
                 pass
         finally:
             os.close(fd)
-        return _losetup("--find", "--show", "--partscan", backing_file, doing=f"attach {backing_file}")
+        return _writable(
+            _losetup("--find", "--show", "--partscan", backing_file, doing=f"attach {backing_file}")
+        )
+
+
+def _writable(device: str) -> str:
+    """`device`, just bound, with the kernel's read-only flag (BLKROSET) off: the flag outlives a
+    detach, so one left by a read-only block publish that was never undone (its target unmounted
+    behind the driver's back, or a crash) would make every write to the next file bound there fail."""
+    if device_readonly(device):
+        set_device_readonly(device, False)
+    return device
 
 
 def _attach_ioctl(fd: int, lo_flags: int, backing_file: str) -> str:

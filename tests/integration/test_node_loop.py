@@ -18,8 +18,8 @@ from csi import devices, loop, loopfind
 from csi.backends.local.devices import LoopDevices
 from csi.failures import NotFoundError
 from csi.mount import Mounter
-from tests.conftest import REPO, require_root
-from tests.integration.conftest import write_mbr
+from tests.conftest import REPO, require_root, require_tool
+from tests.integration.conftest import loop_filesystem, write_mbr
 
 MiB = 1024**2
 
@@ -51,6 +51,46 @@ def test_attach_gives_distinct_files_distinct_devices(backing: str, tmp_path: Pa
         assert loop.backing_file(a) == backing and loop.backing_file(b) == str(other)
     finally:
         loop.detach_file(str(other))
+
+
+def test_a_broken_device_of_someone_else_does_not_fail_the_scan(backing: str, tmp_path: Path) -> None:
+    """A device whose backing file sits on a shut-down filesystem answers LOOP_GET_STATUS64 with EIO."""
+    xfs_io = require_tool("xfs_io")
+    ours = loop.attach(backing)
+    with loop_filesystem(tmp_path, "xfs", 300 * MiB) as mnt:
+        inner = mnt / "inner.img"
+        inner.write_bytes(b"\0" * MiB)
+        broken = subprocess.run(
+            ["losetup", "--find", "--show", str(inner)], check=True, capture_output=True, text=True
+        ).stdout.strip()
+        try:
+            subprocess.run([xfs_io, "-x", "-c", "shutdown", str(mnt)], check=True)
+            assert loopfind.status(broken) is None
+            assert loopfind.devices_for(os.stat(backing)) == [ours]
+            assert loopfind.bound_files()[(os.stat(backing).st_dev, os.stat(backing).st_ino)] == [ours]
+        finally:
+            subprocess.run(["losetup", "-d", broken], check=False)
+
+
+def test_a_read_only_flag_left_on_a_free_device_is_not_inherited(backing: str) -> None:
+    for _ in range(5):  # the kernel hands out the lowest free device; another process may take it first
+        ctl = os.open("/dev/loop-control", os.O_RDWR)
+        try:
+            free = f"/dev/loop{fcntl.ioctl(ctl, loop.LOOP_CTL_GET_FREE)}"
+        finally:
+            os.close(ctl)
+        devices.set_device_readonly(free, True)
+        try:
+            device = loop.attach(backing)
+            readonly = devices.device_readonly(device)
+            if device == free:
+                break
+            loop.detach_file(backing)
+        finally:
+            devices.set_device_readonly(free, False)
+    else:
+        pytest.fail("the free loop device was taken by another process every time")
+    assert not readonly
 
 
 def test_maps_is_true_for_the_bound_inode_only(backing: str, tmp_path: Path) -> None:
