@@ -162,6 +162,8 @@ class ControllerService(ControllerHealthRPCs, csi_pb2_grpc.ControllerServicer):
         check_capability(request.volume_capability)
         with self._inflight.hold(f"publish:{request.volume_id}:{request.node_id}"):
             ctx = self._backend.attach(request.volume_id, request.node_id, request.readonly)
+        if request.readonly:  # spec: with PUBLISH_READONLY, readonly "SP MUST publish the volume in
+            ctx = {**ctx, keys.PC_READONLY: "true"}  # readonly mode"; the node's mounts carry it out
         return csi_pb2.ControllerPublishVolumeResponse(publish_context=ctx)
 
     def ControllerUnpublishVolume(

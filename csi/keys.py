@@ -38,6 +38,7 @@ VC_PARTITION = "partition"  # set by in-tree migration: partition number; "0"/ab
 # ---- publish_context keys
 PC_DEVICE_PATH = "devicePath"  # where the node should expect the device (aws: /dev/xvdX)
 PC_VOLUME_FILE = "volumeFile"  # local backend: backing file the loop device must map
+PC_READONLY = "readonly"  # "true" when ControllerPublishVolume was readonly: the node mounts read-only
 
 # ---- topology keys (suffixes appended to the driver name or well-known labels)
 TOPOLOGY_ZONE_SUFFIX = "/zone"

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 import grpc
 
-from csi import paths, replies, sizing
+from csi import keys, paths, replies, sizing
 from csi._proto import csi_pb2, csi_pb2_grpc
 from csi.backends.base import Backend
 from csi.capabilities import NRPC, Capabilities
@@ -73,8 +73,20 @@ def _mount_flags(cap: csi_pb2.VolumeCapability, fs_type: str, explicit: bool) ->
     return check_mount_flags_any(cap.mount.mount_flags)
 
 
-def _readonly(cap: csi_pb2.VolumeCapability, flags: list[str], readonly: bool = False) -> bool:
-    return readonly or cap.access_mode.mode in READ_ONLY_MODES or "ro" in flags
+def _readonly(
+    cap: csi_pb2.VolumeCapability,
+    flags: list[str],
+    publish_context: Mapping[str, str],
+    readonly: bool = False,
+) -> bool:
+    """Read-only when the node request, the access mode, a mount flag or a read-only
+    ControllerPublishVolume (its publish context) says so."""
+    return (
+        readonly
+        or cap.access_mode.mode in READ_ONLY_MODES
+        or "ro" in flags
+        or publish_context.get(keys.PC_READONLY) == "true"
+    )
 
 
 class NodeService(NodeHealthRPCs, csi_pb2_grpc.NodeServicer):
@@ -145,7 +157,7 @@ class NodeService(NodeHealthRPCs, csi_pb2_grpc.NodeServicer):
             fs_type, explicit = _fs_type(cap, vc)
             flags = _mount_flags(cap, fs_type, explicit)
             mkfs_argv("/dev/null", fs_type, vc)  # validates the format options before anything runs
-            fs = Filesystem(fs_type, explicit, flags, _readonly(cap, flags), vc)
+            fs = Filesystem(fs_type, explicit, flags, _readonly(cap, flags, request.publish_context), vc)
         with self._inflight.hold(f"node:{volume_id}"):
             self.stager.stage(volume_id, request.publish_context, partition, staging, fs)
         return csi_pb2.NodeStageVolumeResponse()
@@ -184,7 +196,7 @@ class NodeService(NodeHealthRPCs, csi_pb2_grpc.NodeServicer):
         flags = (
             check_mount_flags(cap.mount.mount_flags, None) if block else _mount_flags(cap, *_fs_type(cap, vc))
         )
-        readonly = _readonly(cap, flags, request.readonly)
+        readonly = _readonly(cap, flags, request.publish_context, request.readonly)
         bind_flags = [f for f in flags if f in VFS_FLAGS and f not in ("ro", "rw")]
         if readonly:
             bind_flags.append("ro")

@@ -79,6 +79,8 @@ class Publisher:
         current = self._mounter.mount_at(pub.target)
         if current is not None:
             _check_published(current, source, pub)
+            if pub.block:  # a publish killed between its bind and this sync left the device writable
+                self._sync_block_readonly(source)
             return
         if pub.single_writer:
             others = self.others(source.numbers, source.root, {pub.staging, pub.target})

@@ -15,10 +15,11 @@ from csi import loopfind
 from csi._proto import csi_pb2
 from csi.backends.local import files
 from csi.devices import device_readonly as mount_readonly
+from csi.devices import set_device_readonly
 from csi.mount import Mounter
 from tests.conftest import in_ci, require_tool
 from tests.csiclient import assert_code
-from tests.integration.conftest import MiB, NodeEnv, block_cap, mount_cap, write_mbr
+from tests.integration.conftest import NODE_ID, MiB, NodeEnv, Volume, block_cap, mount_cap, write_mbr
 
 AccessMode = csi_pb2.VolumeCapability.AccessMode
 Usage = csi_pb2.VolumeUsage
@@ -469,6 +470,52 @@ def test_readonly_block_publish_refuses_writes_until_unpublished(node_env: NodeE
     assert mount_readonly(device), "only read-only publishes remain"
     node_env.unpublish(vol)
     assert not mount_readonly(device), "no publish left: the device is writable again"
+
+
+def test_a_repeated_readonly_block_publish_makes_the_device_readonly(node_env: NodeEnv) -> None:
+    """As after a crash between the bind and making the device read-only: the retry finds the bind."""
+    vol = node_env.volume(16 * MiB)
+    cap = block_cap()
+    node_env.stage(vol, cap)
+    node_env.publish(vol, cap, readonly=True)
+    (device,) = loopfind.devices_for(os.stat(vol.file))
+    set_device_readonly(device, False)
+    node_env.publish(vol, cap, readonly=True)
+    assert mount_readonly(device)
+
+
+def _publish_readonly(node_env: NodeEnv, vol: Volume, cap: csi_pb2.VolumeCapability) -> None:
+    """Publish `vol` to this node again, read-only this time, as an attacher would."""
+    controller = node_env.client.controller
+    controller.ControllerUnpublishVolume(
+        csi_pb2.ControllerUnpublishVolumeRequest(volume_id=vol.id, node_id=NODE_ID)
+    )
+    answer = controller.ControllerPublishVolume(
+        csi_pb2.ControllerPublishVolumeRequest(
+            volume_id=vol.id, node_id=NODE_ID, volume_capability=cap, readonly=True
+        )
+    )
+    vol.publish_context = dict(answer.publish_context)
+
+
+@pytest.mark.parametrize("block", [False, True], ids=["mount", "block"])
+def test_a_readonly_controller_publish_is_enforced_on_the_node(node_env: NodeEnv, block: bool) -> None:
+    """The node request says readonly=false; the read-only ControllerPublishVolume still holds."""
+    vol = node_env.volume(16 * MiB)
+    cap = block_cap() if block else mount_cap()
+    if not block:  # a blank volume cannot be formatted read-only: give it a filesystem first
+        node_env.stage(vol, cap)
+        node_env.unstage(vol)
+    _publish_readonly(node_env, vol, cap)
+    node_env.stage(vol, cap)
+    node_env.publish(vol, cap, readonly=False)
+    with pytest.raises(OSError) as err:
+        if block:
+            _write_block(vol.target)
+        else:
+            with open(os.path.join(vol.target, "new"), "wb") as fh:
+                fh.write(b"x")
+    assert err.value.errno in (errno.EROFS, errno.EACCES, errno.EPERM)
 
 
 def test_missing_partition_is_failed_precondition_and_releases_the_device(node_env: NodeEnv) -> None:
