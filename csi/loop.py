@@ -4,9 +4,9 @@ Contracts:
 - `attach(file)` returns the /dev/loopN already backed by `file` (same st_dev/st_ino), or binds a free
   one (LOOP_CTL_GET_FREE + LOOP_CONFIGURE; autoclear off, direct I/O off, partition scan on). Idempotent.
 - `detach_file(file)` unbinds every loop device backed by `file` or, when the path holds no file any
-  more, every one bound to the file since unlinked from it; `detach(dev, file)` unbinds `dev` if it
-  maps `file`. Idempotent: none -> no-op. A device still open elsewhere (mounted) is unbound by the
-  kernel when its last user closes it.
+  more (or with `unlinked`), every one bound to a file since unlinked from it; `detach(dev, file)`
+  unbinds `dev` if it maps `file`. Idempotent: none -> no-op. A device still open elsewhere (mounted)
+  is unbound by the kernel when its last user closes it.
 - `device_size(dev)` / `refresh_capacity(dev)` read or resize one device (`device_size` is
   csi.devices', offered here so the local backend needs this one module).
 - Finding devices (`bound`, `devices_of`, `backed_by`, `maps`, `backing_file`, ...) is csi.loopfind's,
@@ -231,18 +231,20 @@ def _losetup(*args: str, doing: str) -> str:
     return result.stdout.strip()
 
 
-def detach_file(backing_file: str) -> None:
-    """Unbind every loop device backed by `backing_file` or, when no file is there any more, by the file
-    unlinked from that path while bound (found by the name sysfs gives it, checked again once the device
-    is open). None bound -> no-op. At most one scan of the loop devices, none for a file nobody holds."""
+def detach_file(backing_file: str, *, unlinked: bool = False) -> None:
+    """Unbind every loop device backed by `backing_file` or, when no file is there any more or with
+    `unlinked`, by a file unlinked from that path while bound (a file replaced behind the driver's back
+    leaves one: found by the name sysfs gives it, checked again once the device is open). None bound ->
+    no-op. Without `unlinked`, at most one scan of the loop devices, none for a file nobody holds."""
     with _lock:
         try:
             held = file_devices(backing_file)
         except FileNotFoundError:
+            held, unlinked = [], True
+        if unlinked:
             gone = os.path.realpath(backing_file) + UNLINKED
             for device in named(gone):
                 _detach_device(device, gone)
-            return
         for device in held:
             _detach_device(device)
 

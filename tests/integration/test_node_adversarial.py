@@ -69,3 +69,19 @@ def test_hostile_requests_are_rejected_without_side_effects(node_env: NodeEnv, s
     assert loopfind.devices_for(os.stat(vol.file)) == []
     assert sorted(str(p) for p in node_env.kubelet.rglob("*")) == before
     assert not os.path.exists("/etc/ballast-staging") and not os.path.exists("/tmp/ballast-target")
+
+
+def test_unstage_undoes_a_stage_whose_file_was_replaced_behind_the_driver(node_env: NodeEnv) -> None:
+    """Health then reports the device lost and says to unstage and stage again: both must work."""
+    vol = node_env.volume()
+    cap = mount_cap()
+    node_env.stage(vol, cap)
+    node_env.publish(vol, cap)
+    with open(vol.file, "rb") as src, open(vol.file + ".new", "wb") as dst:
+        dst.write(src.read())
+    os.rename(vol.file + ".new", vol.file)
+    node_env.unpublish(vol)
+    node_env.unstage(vol)
+    mounts, loops = leftovers(node_env.tmp, node_env.data_dir)
+    assert (mounts, loops) == ([], [])
+    node_env.stage(vol, cap)

@@ -52,7 +52,7 @@ class FakeLoop:
     def bound(self, backing_file: str) -> str | None:
         return next((d for d, p in self.devices.items() if p == backing_file), None)
 
-    def detach_file(self, backing_file: str) -> None:
+    def detach_file(self, backing_file: str, *, unlinked: bool = False) -> None:
         for dev in [d for d, p in self.devices.items() if p == backing_file]:
             del self.devices[dev]
 

@@ -388,7 +388,7 @@ class LocalBackend(LocalReporting, SnapshotOperations, Backend):
     def leftover_device(self, volume_id: str) -> str | None:
         """The loop device still bound over the volume's file path, or over a file since unlinked from
         it, whatever the record says (it may be gone); binds nothing."""
-        users = self._devices.users(self.volume_path(volume_id))
+        users = self._devices.leftovers(self.volume_path(volume_id))
         return users[0] if users else None
 
     def release_device(self, volume_id: str) -> None:

@@ -88,11 +88,17 @@ class LoopDevices:
         loop = self._module()
         return [] if loop.unheld(path) else list(loop.backed_by(path, unlinked=True))
 
+    def leftovers(self, path: str) -> list[str]:
+        """Loop devices bound over the file at `path`, or over a file since unlinked from it (replaced
+        behind the driver's back), whether or not anything holds the file there now; binds nothing."""
+        return list(self._module().backed_by(path, unlinked=True))
+
     def release(self, path: str) -> None:
         """Detach every loop device over `path`, or over a file since unlinked from it. Idempotent. The
-        remembered device goes first; when that leaves the file unheld no other device is over it."""
+        remembered device goes first; when that leaves the file unheld no other device is over it (the
+        file there is the one it mapped). Otherwise the loop devices are scanned."""
         loop = self._module()
         device = self._known.pop(path, None)
         if device is not None and loop.detach(device, path) and loop.unheld(path):
             return None
-        loop.detach_file(path)
+        loop.detach_file(path, unlinked=True)
