@@ -276,6 +276,8 @@ class ControllerService(ControllerHealthRPCs, csi_pb2_grpc.ControllerServicer):
             block = is_block(request.volume_capability)
         b = self._backend.capabilities
         size = capacity_bytes(cr, default=b.default_size, granularity=b.size_granularity, minimum=b.min_size)
+        if not cr.required_bytes:  # spec: 0 "is equal to an unspecified field value": only a limit, no growth
+            size = 0
         with self._inflight.hold(self._modification_key(request.volume_id, "expand")):
             disk = self._backend.get_volume(request.volume_id)
             if request.HasField("volume_capability"):  # spec: exceeds capabilities -> INVALID_ARGUMENT

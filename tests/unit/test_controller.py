@@ -591,6 +591,22 @@ def test_expand_retried_with_a_target_not_above_the_current_size_answers_the_cur
     assert [c for c in env.backend.calls if c[0] == "expand_volume"] == []
 
 
+@pytest.mark.parametrize("limit", [2 * GiB, 200 * GiB], ids=["limit-above-current", "limit-above-default"])
+def test_expand_with_only_a_limit_grows_nothing(env: Env, limit: int) -> None:
+    """Spec: required_bytes 0 "is equal to an unspecified field value"; a limit alone asks for no
+    growth (not for the backend's default size of a new volume)."""
+    vol = env.create(capacity_range=csi_pb2.CapacityRange(required_bytes=GiB // 2))
+    only_limit = csi_pb2.ControllerExpandVolumeRequest(
+        volume_id=vol.volume_id, capacity_range=csi_pb2.CapacityRange(limit_bytes=limit)
+    )
+    assert env.ctl.ControllerExpandVolume(only_limit, CTX).capacity_bytes == GiB // 2
+    assert env.backend.volumes[vol.volume_id].size_bytes == GiB // 2
+    below = csi_pb2.ControllerExpandVolumeRequest(
+        volume_id=vol.volume_id, capacity_range=csi_pb2.CapacityRange(limit_bytes=GiB // 4)
+    )
+    assert code_of(env.ctl.ControllerExpandVolume, below) == Code.OUT_OF_RANGE
+
+
 def test_expand_volume_codes(env: Env) -> None:
     vol = env.create(capacity_range=csi_pb2.CapacityRange(required_bytes=2 * GiB))
     smaller = csi_pb2.ControllerExpandVolumeRequest(
