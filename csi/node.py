@@ -18,7 +18,13 @@ from csi._proto import csi_pb2, csi_pb2_grpc
 from csi.backends.base import Backend
 from csi.capabilities import NRPC, Capabilities
 from csi.config import Config
-from csi.failures import FailedPreconditionError, InvalidParameterError, NotFoundError, OutOfRangeError
+from csi.failures import (
+    DriverError,
+    FailedPreconditionError,
+    InvalidParameterError,
+    NotFoundError,
+    OutOfRangeError,
+)
 from csi.filesystems import (
     VFS_FLAGS,
     check_fs_type,
@@ -120,13 +126,17 @@ class NodeService(NodeHealthRPCs, csi_pb2_grpc.NodeServicer):
         """The resolved volume_path of a read: a malformed string -> INVALID_ARGUMENT; a path where no
         volume can be (relative, outside the allowed roots as written or once its symbolic links are
         followed, itself a link) or that does not exist -> NOT_FOUND (spec: the volume does not exist
-        at that path)."""
+        at that path); one there that cannot be read (EIO from a failed filesystem) -> INTERNAL."""
         paths.check_path_form(path, "volume_path")
         resolved, problem = paths.placed(path, self._roots)
         if problem:
             raise NotFoundError(f"volume {volume_id} is not at volume_path: it {problem}")
-        if not os.path.lexists(resolved):
-            raise NotFoundError(f"volume_path {path} does not exist")
+        try:
+            os.lstat(resolved)
+        except (FileNotFoundError, NotADirectoryError) as exc:
+            raise NotFoundError(f"volume_path {path} does not exist") from exc
+        except OSError as exc:  # there, but unreadable (a failed filesystem: EIO): not "does not exist"
+            raise DriverError(f"volume_path {path} cannot be read: {exc.strerror or exc}") from exc
         return resolved
 
     def _one_target(self, mode: int) -> bool:

@@ -94,6 +94,11 @@ def test_an_xfs_shut_down_is_inaccessible(node_env: NodeEnv) -> None:
     found = _node_health(node_env, vol)
     assert [(s, r) for s, r, _ in found] == [(csi_pb2.INACCESSIBLE, "FilesystemShutDown")]
     assert "xfs_repair" in found[0][2]
+    stats = csi_pb2.NodeGetVolumeStatsRequest(volume_id=vol.id, volume_path=vol.staging)
+    # there, but unreadable: not "does not exist" (NOT_FOUND would send the operator the wrong way)
+    assert_code(
+        node_env.client.node.NodeGetVolumeStats, stats, grpc.StatusCode.INTERNAL, contains="cannot be read"
+    )
 
 
 def test_a_block_volume_whose_loop_device_was_detached_is_device_lost(node_env: NodeEnv) -> None:
