@@ -109,17 +109,67 @@ def record_of(pv: JsonObj) -> JsonObj:
     return {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": kept, "spec": json_copy(pv["spec"])}
 
 
+def _string_map(value: Any) -> bool:
+    return isinstance(value, dict) and all(isinstance(v, str) for v in value.values())
+
+
+def _shape_error(record: Any) -> str | None:
+    """What is wrongly typed in a record, among the fields a rollback reads or writes back, or None.
+    A record a person edited may hold anything; each of these would crash the rollback (or be refused
+    by the API server on every attempt) instead of making it a bad-record skip."""
+    if not isinstance(record, dict):
+        return "not a JSON object"
+    for field, wanted in (("apiVersion", "v1"), ("kind", "PersistentVolume")):
+        if record.get(field, wanted) != wanted:
+            return f"{field} is not {wanted}"
+    metadata, spec = record.get("metadata"), record.get("spec")
+    if not isinstance(metadata, dict):
+        return "metadata is not an object"
+    if not isinstance(spec, dict):
+        return "spec is not an object"
+    return _metadata_error(metadata) or _spec_error(spec)
+
+
+def _metadata_error(metadata: JsonObj) -> str | None:
+    if not isinstance(metadata.get("name"), str):
+        return "metadata.name is not a string"
+    for field in ("labels", "annotations"):
+        if metadata.get(field) is not None and not _string_map(metadata[field]):
+            return f"metadata.{field} is not a map of strings"
+    owners = metadata.get("ownerReferences")
+    if owners is not None and not (isinstance(owners, list) and all(isinstance(r, dict) for r in owners)):
+        return "metadata.ownerReferences is not a list of objects"
+    return None
+
+
+def _spec_error(spec: JsonObj) -> str | None:
+    if spec.get("claimRef") is not None and not isinstance(spec["claimRef"], dict):
+        return "spec.claimRef is not an object"
+    capacity = spec.get("capacity")
+    if capacity is None:
+        return None
+    if not _string_map(capacity):
+        return "spec.capacity is not a map of quantities (strings)"
+    for resource, value in capacity.items():
+        try:
+            quantity(value)
+        except ValueError as exc:
+            return f"spec.capacity.{resource}: {exc}"
+    return None
+
+
 def recorded_original(pv: JsonObj) -> JsonObj | None:
     """The in-tree record a converted PV carries, None when it has none; RecordError when unusable."""
     text = annotations_of(pv).get(ANN_ORIGINAL)
     if text is None:
         return None
     try:
-        record = json.loads(text)
+        record: JsonObj = json.loads(text)
     except ValueError as exc:
         raise RecordError(f"annotation {ANN_ORIGINAL} is not JSON: {exc}") from None
-    if not isinstance(record, dict) or not isinstance(record.get("spec"), dict):
-        raise RecordError(f"annotation {ANN_ORIGINAL} is not a PersistentVolume record")
+    wrong = _shape_error(record)
+    if wrong is not None:
+        raise RecordError(f"annotation {ANN_ORIGINAL} is not a PersistentVolume record: {wrong}")
     if name_of(record) != name_of(pv):
         raise RecordError(f"annotation {ANN_ORIGINAL} records PV {name_of(record)!r}, not this one")
     if in_tree_plugin(record) is None:
@@ -189,9 +239,12 @@ def quantity(text: str) -> Decimal:
     else:
         number, factor = text, Decimal(1)
     try:
-        return Decimal(number) * factor
+        value = Decimal(number) * factor
     except InvalidOperation:
-        raise ValueError(f"not a quantity: {text!r}") from None
+        value = Decimal("NaN")
+    if not value.is_finite():  # Decimal also reads NaN and Infinity, which order comparisons refuse
+        raise ValueError(f"not a quantity: {text!r}")
+    return value
 
 
 def larger_capacity(recorded: dict[str, str], current: dict[str, str]) -> dict[str, str] | None:

@@ -11,8 +11,10 @@ from typing import Any
 
 import pytest
 
+from shim import Translator
 from shim.cli import build_parser
 from shim.migrate import kube
+from shim.migrate import objects as o
 from shim.migrate.actor import Actor, build
 from shim.migrate.controller import Controller
 from shim.migrate.engine import (
@@ -26,7 +28,7 @@ from shim.migrate.engine import (
     Outcome,
     annotations_size,
 )
-from shim.migrate.journal import CONVERT, Journal
+from shim.migrate.journal import CONVERT, ROLLBACK, Journal
 from shim.migrate.metrics import Metrics
 from shim.migrate.options import check
 from shim.migrate.usage import LiveClaims, UsageFrom
@@ -139,3 +141,31 @@ def test_a_pv_too_large_to_convert_is_skipped_not_failed(actor: Actor, size: int
 def test_annotation_size_counts_keys_and_values_in_utf8_bytes() -> None:
     assert annotations_size({"a/b": "é" * 10, "c": ""}) == 3 + 20 + 1
     assert annotations_size(json.loads('{"k": "\\ud83d\\ude00"}')) == 1 + 4
+
+
+def converted_with_record(changes: Obj) -> Obj:
+    """pv-1 converted to CSI (Available), its record annotation changed at the top level by `changes`."""
+    record = o.record_of(pv_in("Available", None))
+    pv = o.convert_target(Translator(), record, "j-1", "me")
+    pv["metadata"].update(uid="pv-uid-2", annotations={o.ANN_ORIGINAL: json.dumps({**record, **changes})})
+    pv["status"] = {"phase": "Available"}
+    return pv
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        pytest.param({"metadata": "x"}, id="metadata-string"),
+        pytest.param({"spec": {**pv_in("Available", None)["spec"], "capacity": "big"}}, id="capacity-string"),
+        pytest.param(
+            {"spec": {**pv_in("Available", None)["spec"], "capacity": {"storage": 5}}}, id="capacity-number"
+        ),
+        pytest.param({"metadata": {"name": "pv-1", "annotations": ["a"]}}, id="annotations-list"),
+    ],
+)
+def test_a_malformed_record_is_skipped_not_a_crash(actor: Actor, changes: Obj) -> None:
+    outcome = actor.engine.assess(converted_with_record(changes), ROLLBACK)
+    assert isinstance(outcome, Outcome)
+    assert (outcome.result, outcome.reason) == (SKIPPED, "bad-record")
+    skips = actor.metrics.registry.get_sample_value("ballast_migrate_skips_total", {"reason": "bad-record"})
+    assert skips == 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from decimal import Decimal
 
 import pytest
@@ -182,3 +183,56 @@ def test_quantities(text: str, value: Decimal) -> None:
 def test_a_malformed_quantity_is_an_error() -> None:
     with pytest.raises(ValueError, match="not a quantity"):
         o.quantity("ten gigs")
+
+
+def with_field(record: Obj, path: str, value: object) -> Obj:
+    """A copy of `record` with the field at dotted `path` set to `value`."""
+    changed: Obj = json.loads(json.dumps(record))
+    *parents, last = path.split(".")
+    holder = changed
+    for key in parents:
+        holder = holder.setdefault(key, {})
+    holder[last] = value
+    return changed
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "error"),
+    [
+        pytest.param("metadata", "x", "metadata is not an object", id="metadata-string"),
+        pytest.param("metadata.name", 5, "metadata.name is not a string", id="name-number"),
+        pytest.param("metadata.annotations", ["a"], "metadata.annotations is not", id="annotations-list"),
+        pytest.param("metadata.annotations", {"a": 1}, "metadata.annotations is not", id="annotation-number"),
+        pytest.param("metadata.labels", {"a": None}, "metadata.labels is not", id="label-null"),
+        pytest.param("metadata.ownerReferences", "x", "metadata.ownerReferences is not", id="owners-string"),
+        pytest.param("spec.capacity", "big", "spec.capacity is not", id="capacity-string"),
+        pytest.param("spec.capacity", {"storage": 5}, "spec.capacity is not", id="capacity-number"),
+        pytest.param(
+            "spec.capacity",
+            {"storage": "big"},
+            "spec.capacity.storage: not a quantity: 'big'",
+            id="capacity-word",
+        ),
+        pytest.param(
+            "spec.capacity",
+            {"storage": "NaN"},
+            "spec.capacity.storage: not a quantity: 'NaN'",
+            id="capacity-nan",
+        ),
+        pytest.param("spec.claimRef", "x", "spec.claimRef is not an object", id="claim-ref-string"),
+        pytest.param("kind", "Pod", "kind is not PersistentVolume", id="other-kind"),
+    ],
+)
+def test_wrongly_typed_records_are_refused(path: str, value: object, error: str) -> None:
+    """A record the rollback would crash on (or the API server would refuse to create) is a RecordError,
+    which the engine reports as a bad-record skip."""
+    record, current = converted("aws-ebs")
+    current["metadata"]["annotations"][o.ANN_ORIGINAL] = json.dumps(with_field(record, path, value))
+    with pytest.raises(o.RecordError, match=re.escape(error)):
+        o.recorded_original(current)
+
+
+@pytest.mark.parametrize("text", ["NaN", "Infinity", "-inf", "Inf"])
+def test_a_quantity_is_a_finite_number(text: str) -> None:
+    with pytest.raises(ValueError, match="not a quantity"):
+        o.quantity(text)
