@@ -12,9 +12,9 @@ from shim.migrate.events import EventRecorder
 from shim.migrate.lock import Holder, PVLocks
 from shim.migrate.metrics import Metrics
 from shim.migrate.options import version
-from shim.migrate.steps import Claims, Context
+from shim.migrate.steps import Context
 from shim.migrate.twins import Twins
-from shim.migrate.usage import Usage
+from shim.migrate.usage import Claims, Usage
 
 
 class Actor(NamedTuple):

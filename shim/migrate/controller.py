@@ -72,8 +72,9 @@ class Controller:
         self.leases = Reflector(
             client, kube.LEASES, self._on_lease, args.namespace, labelSelector=LOCK_SELECTOR
         )
-        usage = UsageFrom(self.attachments.store.items, self.pods.store.in_namespace)
-        self.actor: Actor = build(args, client, metrics, StoreClaims(self.pvcs), usage)
+        claims = StoreClaims(self.pvcs)
+        usage = UsageFrom(self.attachments.store.items, self.pods.store.in_namespace, claims)
+        self.actor: Actor = build(args, client, metrics, claims, usage)
         caches = Caches(self.pvs, self.pvcs, self.pods, self.leases)
         self._sync = Syncer(caches, self.actor, self._gates, args.dry_run)
         self._workers: list[threading.Thread] = []

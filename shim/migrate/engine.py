@@ -34,6 +34,7 @@ from shim.migrate.journal import CONVERT, MIGRATION_FAILPOINTS, ROLLBACK, Journa
 from shim.migrate.kube import ApiError
 from shim.migrate.lock import Busy, LockLost, PVLock, PVLocks
 from shim.migrate.steps import STEP_FUNCTIONS, Changed, Context, InUse, Pending, Refused, get_pv, patch_fresh
+from shim.migrate.usage import current_claim
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +111,7 @@ class Engine:
             return None
         message = f"waiting to {direction}: in use by {', '.join(users)}"
         self.ctx.events.emit(_pv_ref(pv), NORMAL, "MigrationWaiting", message)
+        claim = current_claim(pv, self.ctx.claims)  # not a newer claim that only shares the name
         if claim is not None:
             claim_ref = Ref("v1", "PersistentVolumeClaim", claim.name, claim.namespace, claim.uid)
             self.ctx.events.emit(claim_ref, NORMAL, "MigrationWaiting", f"PV {name}: {message}")

@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import NamedTuple, Protocol
+from typing import NamedTuple
 
 from shim.migrate.events import NORMAL, WARNING, EventRecorder, Ref
 from shim.migrate.journal import Journal
@@ -40,7 +40,7 @@ from shim.migrate.objects import (
     record_of,
     uid_of,
 )
-from shim.migrate.usage import Usage, live_usage
+from shim.migrate.usage import Claims, Usage, live_usage
 
 CONFLICT_ATTEMPTS = 8
 GONE_TIMEOUT = 30.0
@@ -61,10 +61,6 @@ class Changed(Exception):
 
 class Refused(Exception):
     """The cluster is not as the journal expects; nothing more is done until a person looks."""
-
-
-class Claims(Protocol):
-    def get(self, namespace: str, name: str) -> JsonObj | None: ...
 
 
 class Context(NamedTuple):

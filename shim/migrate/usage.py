@@ -3,7 +3,11 @@
 A PV is in use when a VolumeAttachment references it (spec.source.persistentVolumeName), or when a Pod
 that has not terminated (phase neither Succeeded nor Failed, deleting or not) uses its claim, directly
 (persistentVolumeClaim.claimName) or as a generic ephemeral volume (claim `<pod>-<volume>`).
-`users()` names each user, for the Events and the CLI output.
+Pods count only through the claim the PV names as it exists now: when claimRef has a uid, only if the claim
+of that name has that uid. Kubernetes' PV binder (pv_controller.go syncVolume) treats a claim of the same
+name and another uid as another claim: a StatefulSet claim deleted and created again is bound to another
+PV, and its pods use that one, not the Released PV of the old claim. `current_claim` says which claim
+that is. `users()` names each user, for the Events and the CLI output.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from shim.migrate.kube import PODS, PVCS, VOLUME_ATTACHMENTS, KubeClient
-from shim.migrate.objects import JsonObj, claim_ref, name_of
+from shim.migrate.objects import ClaimRef, JsonObj, claim_ref, name_of, uid_of
 
 TERMINATED = frozenset({"Succeeded", "Failed"})
 
@@ -57,29 +61,51 @@ class Usage(Protocol):
     def users(self, pv: JsonObj) -> list[str]: ...
 
 
+class Claims(Protocol):
+    def get(self, namespace: str, name: str) -> JsonObj | None: ...
+
+
+def current_claim(pv: JsonObj, claims: Claims) -> ClaimRef | None:
+    """The claim `pv`'s claimRef names, when a claim of that name exists and is that claim (its uid is
+    claimRef.uid, when claimRef has one); None otherwise (no claimRef, the claim is gone, or a newer
+    claim of the same name has taken its place)."""
+    ref = claim_ref(pv)
+    if ref is None or not ref.namespace:
+        return None
+    found = claims.get(ref.namespace, ref.name)
+    if found is None or (ref.uid and uid_of(found) != ref.uid):
+        return None
+    return ref
+
+
 class UsageFrom:
-    """Usage over two lookups: every VolumeAttachment, and the pods of one namespace."""
+    """Usage over three lookups: every VolumeAttachment, the pods of one namespace, and claims."""
 
     def __init__(
-        self, attachments: Callable[[], Iterable[JsonObj]], pods: Callable[[str], Iterable[JsonObj]]
+        self,
+        attachments: Callable[[], Iterable[JsonObj]],
+        pods: Callable[[str], Iterable[JsonObj]],
+        claims: Claims,
     ) -> None:
         self._attachments = attachments
         self._pods = pods
+        self._claims = claims
 
     def users(self, pv: JsonObj) -> list[str]:
         """Everything that uses `pv` now; empty when it is free to move."""
         found = attached_to(name_of(pv), self._attachments())
-        claim = claim_ref(pv)
-        if claim is not None and claim.namespace:
+        claim = current_claim(pv, self._claims)
+        if claim is not None:
             found += pods_using(claim.name, self._pods(claim.namespace))
         return found
 
 
 def live_usage(client: KubeClient) -> UsageFrom:
-    """Usage read from the API server at each call (one-shot commands)."""
+    """Usage read from the API server at each call (one-shot commands, and the steps' last checks)."""
     return UsageFrom(
         lambda: client.list_all(VOLUME_ATTACHMENTS)[0],
         lambda namespace: client.list_all(PODS, namespace)[0],
+        LiveClaims(client),
     )
 
 

@@ -1,7 +1,9 @@
 """A tiny Kubernetes API stand-in on 127.0.0.1: recorded (or given) lists, and the objects in them.
 
-Lists are served the way the API server pages them (`limit` / `continue`). The items of a list are
-read, created, merge-patched and deleted one by one at `<list path>/<name>`, with the API server's
+Lists are served the way the API server pages them (`limit` / `continue`), filtered by a
+`fieldSelector` of metadata.name and metadata.namespace equalities (the field labels every resource
+has). The items of a list are read, created, merge-patched and deleted one by one at
+`<list path>/<name>`, with the API server's
 rules the migration code relies on: metadata.uid and metadata.resourceVersion in a patch, and
 preconditions.uid in DeleteOptions, are preconditions (409 Conflict otherwise); every write bumps the
 resourceVersion; DELETE of an object with finalizers only sets its deletionTimestamp, and the object
@@ -136,6 +138,12 @@ class FakeKubeAPI:
     def _page(self, path: str, query: Mapping[str, str]) -> Answer:
         recorded = self.lists[path]
         items = recorded.get("items", [])
+        for term in filter(None, (query.get("fieldSelector") or "").split(",")):
+            field, _, value = term.partition("=")
+            if field not in ("metadata.name", "metadata.namespace"):  # what every resource supports
+                return 400, _status(400, "BadRequest", f'field label not supported: "{field}"')
+            key = field.removeprefix("metadata.")
+            items = [i for i in items if i.get("metadata", {}).get(key) == value.removeprefix("=")]
         start = int(query.get("continue") or 0)
         limit = int(query.get("limit") or 0) or len(items)
         page = dict(recorded)

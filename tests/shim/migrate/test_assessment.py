@@ -4,6 +4,8 @@ waiting PVs by that reason), and PVs whose new form or journal would not fit Kub
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,13 +14,14 @@ from typing import Any
 import pytest
 
 from shim import Translator
-from shim.cli import build_parser
+from shim.cli import build_parser, main
 from shim.migrate import kube
 from shim.migrate import objects as o
 from shim.migrate.actor import Actor, build
 from shim.migrate.controller import Controller
 from shim.migrate.engine import (
     ANNOTATIONS_LIMIT,
+    DONE,
     IN_USE,
     PHASE,
     PRE_BOUND,
@@ -62,7 +65,9 @@ def actor(cluster: tuple[kube.KubeClient, Path]) -> Actor:
     client, kubeconfig = cluster
     args = build_parser().parse_args(["apply", "--kubeconfig", str(kubeconfig), "--dry-run"])
     check(args)
-    usage = UsageFrom(lambda: [], lambda namespace: [USER_POD] if namespace == "apps" else [])
+    usage = UsageFrom(
+        lambda: [], lambda namespace: [USER_POD] if namespace == "apps" else [], LiveClaims(client)
+    )
     return build(args, client, Metrics("test", "test"), LiveClaims(client), usage)
 
 
@@ -169,3 +174,84 @@ def test_a_malformed_record_is_skipped_not_a_crash(actor: Actor, changes: Obj) -
     assert (outcome.result, outcome.reason) == (SKIPPED, "bad-record")
     skips = actor.metrics.registry.get_sample_value("ballast_migrate_skips_total", {"reason": "bad-record"})
     assert skips == 1
+
+
+NS = "migration"
+
+
+def one_shot_lists(pvs: list[Obj], claims: list[Obj], pods: list[Obj], namespace: str) -> dict[str, Obj]:
+    """What `apply` reads and writes, on a fake API server holding `pvs`, and `claims` and `pods` of
+    `namespace`; CSIDriver ebs.csi.aws.com is installed."""
+
+    def listed(*items: Obj) -> Obj:
+        return {"kind": "List", "metadata": {"resourceVersion": "1"}, "items": list(items)}
+
+    return {
+        "/api/v1/persistentvolumes": listed(*pvs),
+        f"/api/v1/namespaces/{namespace}/persistentvolumeclaims": listed(*claims),
+        f"/api/v1/namespaces/{namespace}/pods": listed(*pods),
+        "/api/v1/persistentvolumeclaims": listed(*claims),
+        "/apis/storage.k8s.io/v1/volumeattachments": listed(),
+        "/apis/storage.k8s.io/v1/storageclasses": listed(),
+        "/apis/storage.k8s.io/v1/csidrivers": listed(
+            {"metadata": {"name": "ebs.csi.aws.com", "uid": "cd-1"}}
+        ),
+        f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases": listed(),
+    }
+
+
+def apply_pv(lists: dict[str, Obj], pv: str, tmp_path: Path) -> tuple[int, Obj, FakeKubeAPI]:
+    """`ballast-migrate apply --pv <pv> -o json` against a fake API server serving `lists`: exit code,
+    the PV's result, and the server (stopped) to inspect."""
+    with FakeKubeAPI(lists) as api:
+        kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+        with contextlib.redirect_stdout(io.StringIO()) as out:
+            code = main(
+                [
+                    "apply",
+                    "--pv",
+                    pv,
+                    "--timeout",
+                    "3s",
+                    "-o",
+                    "json",
+                    "--kubeconfig",
+                    str(kubeconfig),
+                    "--namespace",
+                    NS,
+                ]
+            )
+    (volume,) = json.loads(out.getvalue())["volumes"]
+    return code, volume, api
+
+
+def events_on(api: FakeKubeAPI, kind: str) -> list[Obj]:
+    return [
+        event
+        for path, listed in api.lists.items()
+        if path.endswith("/events")
+        for event in listed["items"]
+        if event["involvedObject"]["kind"] == kind
+    ]
+
+
+def test_a_released_pv_is_not_used_by_the_pods_of_a_newer_claim_of_the_same_name(tmp_path: Path) -> None:
+    """A StatefulSet's claim deleted and created again: the old PV (Retain) is Released with the old claim's
+    uid in its claimRef, and the new claim of the same name is bound to another PV and used by pod app-0.
+    The old PV is free: it converts, and the new claim gets no Event about it."""
+    old = sample_pv("aws-ebs", name="rv5-old", claim=("rv5", "data", "old-claim-uid"))
+    old["metadata"].update(uid="pv-old-uid", resourceVersion="5")
+    old["spec"]["persistentVolumeReclaimPolicy"] = "Retain"
+    old["status"] = {"phase": "Released"}
+    claim = {
+        "metadata": {"name": "data", "namespace": "rv5", "uid": "new-claim-uid"},
+        "spec": {"volumeName": "rv5-new"},
+        "status": {"phase": "Bound"},
+    }
+    user = {**USER_POD, "metadata": {"name": "app-0", "namespace": "rv5"}}
+    code, volume, api = apply_pv(one_shot_lists([old], [claim], [user], "rv5"), "rv5-old", tmp_path)
+    assert (code, volume["result"]) == (0, DONE), volume["message"]
+    (converted,) = api.lists["/api/v1/persistentvolumes"]["items"]
+    assert converted["spec"]["csi"]["driver"] == "ebs.csi.aws.com"
+    assert converted["spec"]["claimRef"]["uid"] == "old-claim-uid"
+    assert events_on(api, "PersistentVolumeClaim") == []

@@ -25,6 +25,11 @@ LISTING_LEASES = f"listing the lock Leases in namespace {NS}"
 SCS = "/apis/storage.k8s.io/v1/storageclasses"
 IN_TREE_PV = "pvc-4f1d6a2e-aws"  # the recorded cluster's in-tree EBS PV, bound to a claim in `shop`
 EMPTY: dict[str, Any] = {"items": [], "metadata": {"resourceVersion": "1"}}
+CLAIM = {  # the in-tree PV's claim
+    "metadata": {"name": "data-db-0", "namespace": "shop", "uid": "9c0d-1"},
+    "spec": {"volumeName": IN_TREE_PV},
+    "status": {"phase": "Bound"},
+}
 
 
 def cluster_lists() -> dict[str, dict[str, Any]]:
@@ -34,6 +39,7 @@ def cluster_lists() -> dict[str, dict[str, Any]]:
         LEASES: EMPTY,
         "/apis/storage.k8s.io/v1/volumeattachments": EMPTY,
         "/api/v1/namespaces/shop/pods": EMPTY,
+        "/api/v1/namespaces/shop/persistentvolumeclaims": {"items": [CLAIM], "metadata": {}},
         "/api/v1/persistentvolumeclaims": EMPTY,
     }
 
@@ -163,12 +169,7 @@ def test_an_unexpected_error_under_a_pv_lock_gives_the_lock_up(
         raise KeyError("spec")
 
     monkeypatch.setattr(Engine, where, broken)
-    claim = {
-        "metadata": {"name": "data-db-0", "namespace": "shop", "uid": "9c0d-1"},
-        "spec": {"volumeName": IN_TREE_PV},
-        "status": {"phase": "Bound"},
-    }
-    lists = {**cluster_lists(), "/api/v1/namespaces/shop/persistentvolumeclaims": {"items": [claim]}}
+    lists = cluster_lists()
     argv = ["apply", "--pv", IN_TREE_PV, "--timeout", "1s", "-o", "json"]
     with FakeKubeAPI(lists) as api:
         kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")

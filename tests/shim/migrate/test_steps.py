@@ -23,6 +23,7 @@ from tests.shim.migrate.samples import Obj, sample_journal, sample_pv
 
 PVS = "/api/v1/persistentvolumes"
 PODS = "/api/v1/namespaces/ns/pods"
+CLAIMS = "/api/v1/namespaces/ns/persistentvolumeclaims"
 ATTACHMENTS = "/apis/storage.k8s.io/v1/volumeattachments"
 PROTECTION = "kubernetes.io/pv-protection"
 OTHER = "example.com/keep-me"
@@ -66,14 +67,17 @@ USERS = {
 
 
 def cluster(api: FakeKubeAPI, pv: Obj, pods: Sequence[Obj] = (), attachments: Sequence[Obj] = ()) -> None:
+    """`pv`, its claim ns/data, and the pods and attachments that use it."""
+    claim = {"metadata": {"name": "data", "namespace": "ns", "uid": "c-1"}, "spec": {"volumeName": "pv-1"}}
     api.lists[PVS] = {"kind": "List", "metadata": {}, "items": [pv]}
+    api.lists[CLAIMS] = {"kind": "List", "metadata": {}, "items": [claim]}
     api.lists[PODS] = {"kind": "List", "metadata": {}, "items": list(pods)}
     api.lists[ATTACHMENTS] = {"kind": "List", "metadata": {}, "items": list(attachments)}
 
 
 def context(client: KubeClient) -> steps.Context:
     """A step context whose cached usage sees nothing, as a frozen or lagging cache would."""
-    stale = UsageFrom(lambda: [], lambda namespace: [])
+    stale = UsageFrom(lambda: [], lambda namespace: [], LiveClaims(client))
     events = EventRecorder(client, "test")
     return steps.Context(client, LiveClaims(client), stale, events, Metrics("test", "test"), 600.0)
 

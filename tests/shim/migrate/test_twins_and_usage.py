@@ -17,7 +17,7 @@ from shim.migrate.twins import (
     is_twin,
     twin_name,
 )
-from shim.migrate.usage import attached_to, claims_of_pod, pods_using
+from shim.migrate.usage import UsageFrom, attached_to, claims_of_pod, pods_using
 from tests.shim.migrate.samples import Obj
 
 CLASSES = Path(__file__).parents[1] / "testdata" / "manifests" / "storageclasses.yaml"
@@ -108,3 +108,59 @@ def test_attachments_of_a_pv() -> None:
     ]
     assert attached_to("pv-a", attachments) == ["VolumeAttachment csi-1 (node n1)"]
     assert attached_to("pv-c", attachments) == []
+
+
+class ClaimsIn:
+    """Claims looked up in a list (as the controller's cache or the API server has them)."""
+
+    def __init__(self, *claims: Obj) -> None:
+        self._claims = {(c["metadata"]["namespace"], c["metadata"]["name"]): c for c in claims}
+
+    def get(self, namespace: str, name: str) -> Obj | None:
+        return self._claims.get((namespace, name))
+
+
+def claim_data(uid: str) -> Obj:
+    return {"metadata": {"name": "data", "namespace": "ns", "uid": uid}}
+
+
+def pv_of_claim(uid: str, phase: str = "Released") -> Obj:
+    ref = {
+        "kind": "PersistentVolumeClaim",
+        "namespace": "ns",
+        "name": "data",
+        **({"uid": uid} if uid else {}),
+    }
+    return {"metadata": {"name": "pv-a"}, "spec": {"claimRef": ref}, "status": {"phase": phase}}
+
+
+VA = {"metadata": {"name": "csi-1"}, "spec": {"nodeName": "n1", "source": {"persistentVolumeName": "pv-a"}}}
+
+
+@pytest.mark.parametrize(
+    ("pv", "claims", "attachments", "users"),
+    [
+        pytest.param(
+            pv_of_claim("c-1", "Bound"), [claim_data("c-1")], [], ["Pod ns/p (Running)"], id="its-claim"
+        ),
+        pytest.param(pv_of_claim("c-1"), [claim_data("c-2")], [], [], id="newer-claim-same-name"),
+        pytest.param(
+            pv_of_claim("c-1"),
+            [claim_data("c-2")],
+            [VA],
+            ["VolumeAttachment csi-1 (node n1)"],
+            id="newer-attached",
+        ),
+        pytest.param(pv_of_claim("c-1"), [], [], [], id="claim-gone"),
+        pytest.param(
+            pv_of_claim("", "Available"), [claim_data("c-2")], [], ["Pod ns/p (Running)"], id="pre-bound"
+        ),
+    ],
+)
+def test_pods_count_only_through_the_claim_the_pv_names(
+    pv: Obj, claims: list[Obj], attachments: list[Obj], users: list[str]
+) -> None:
+    """Kubernetes' PV binder treats a claim whose uid differs from claimRef.uid as another claim: the pods
+    of a newer claim of the same name do not use this PV."""
+    usage = UsageFrom(lambda: attachments, lambda namespace: [pod("p", "Running", CLAIM)], ClaimsIn(*claims))
+    assert usage.users(pv) == users
