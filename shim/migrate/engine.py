@@ -43,8 +43,9 @@ SKIPPED, REFUSED, FAILED, PLANNED = "skipped", "refused", "failed", "planned"
 RETRY_LATER = frozenset({PENDING, WAITING, BUSY, FAILED})
 ELIGIBLE_PHASES = frozenset({"Bound", "Available", "Released"})
 # Why a PV waits (Outcome.reason of waiting outcomes; the label of ballast_migrate_volumes_waiting):
-# used by a pod or attachment; a phase that cannot move (Pending, Failed); pre-bound, waiting for the PV
-# binder; changed under a conversion that had not deleted it yet (it starts over from a fresh record).
+# used by a pod or attachment; a phase that cannot move (Pending, Failed); pre-bound to an existing
+# claim, waiting for the PV binder; changed under a conversion that had not deleted it yet (it starts
+# over from a fresh record).
 IN_USE, PHASE, PRE_BOUND, CHANGED = "in-use", "phase", "pre-bound", "changed"
 WAIT_REASONS = (IN_USE, PHASE, PRE_BOUND, CHANGED)
 ANNOTATIONS_LIMIT = 256 * 1024  # Kubernetes' limit on an object's annotations: keys plus values, in bytes
@@ -95,13 +96,13 @@ class Engine:
             return Outcome(name, direction, NOOP, "the PV is being deleted")
         if phase == "Released" and o.reclaim_policy(pv) == o.DELETE:
             return Outcome(name, direction, NOOP, "Released with policy Delete: its disk is being reclaimed")
-        if phase == "Available" and o.claim_ref(pv) is not None and not o.claim_ref(pv).uid:  # type: ignore[union-attr]
-            message = "pre-bound to a claim; waiting for the PV binder"
+        claim = o.claim_ref(pv)
+        if phase == "Available" and claim is not None and not claim.uid and self._claim_exists(claim):
+            message = f"pre-bound to claim {claim}; waiting for the PV binder"
             return Outcome(name, direction, WAITING, message, reason=PRE_BOUND)
         if phase not in ELIGIBLE_PHASES:
             message = f"phase {phase or 'unknown'}; waiting for Bound, Available or Released"
             return Outcome(name, direction, WAITING, message, reason=PHASE)
-        claim = o.claim_ref(pv)
         if phase == "Bound" and claim is not None:
             found = self.ctx.claims.get(claim.namespace, claim.name)
             if found is None or o.uid_of(found) != claim.uid:
@@ -116,6 +117,14 @@ class Engine:
             claim_ref = Ref("v1", "PersistentVolumeClaim", claim.name, claim.namespace, claim.uid)
             self.ctx.events.emit(claim_ref, NORMAL, "MigrationWaiting", f"PV {name}: {message}")
         return Outcome(name, direction, WAITING, message, reason=IN_USE)
+
+    def _claim_exists(self, claim: o.ClaimRef) -> bool:
+        """Whether a claim of that name exists. A PV "reserved" for a claim that does not (claimRef without
+        uid) stays Available until one appears, maybe never: it moves like any Available PV, keeping its
+        claimRef. The delete step's last read and its DELETE preconditions (uid, resourceVersion) stop
+        the conversion if a claim appears and the binder binds the PV before the DELETE; after it, the
+        binder skips the deleting PV and binds the claim to the new one."""
+        return bool(claim.namespace) and self.ctx.claims.get(claim.namespace, claim.name) is not None
 
     def _journal(
         self, pv: o.JsonObj, direction: str, plugin: str, journal_id: str, target: o.JsonObj

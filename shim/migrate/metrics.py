@@ -9,8 +9,8 @@ Series (all prefixed ballast_migrate_):
 - conflicts_retried_total: API 409 conflicts that were retried on fresh state;
 - operation_seconds{direction}: time from the first step to done;
 - volumes_waiting{reason}: PVs that would move but wait, by why (engine.WAIT_REASONS): in-use (a pod
-  or attachment uses it), phase (Pending, Failed), pre-bound (waits for the PV binder), changed (it
-  changed under a conversion, which starts over);
+  or attachment uses it), phase (Pending, Failed), pre-bound (its claimRef names an existing claim the
+  PV binder has not bound yet), changed (it changed under a conversion, which starts over);
 - inline_volumes{plugin}: in-tree pod volumes seen (reported, never converted);
 - leader: 1 while this process leads (or runs without leader election);
 - info{version, identity}: always 1.

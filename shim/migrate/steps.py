@@ -179,7 +179,8 @@ def wait_while_used(ctx: Context, j: Journal, pv: JsonObj) -> None:
 
 
 def delete(ctx: Context, j: Journal, source: JsonObj) -> None:
-    """DELETE the old PV (Retain checked again, usage checked last and live, uid as precondition). One
+    """DELETE the old PV (Retain checked again, usage checked last and live, uid and resourceVersion of
+    that last read as preconditions: Changed when it changed since). One
     already deleting (a resumed step) is checked for use again: Pending while anything uses it."""
     pv = get_pv(ctx, j.pv)
     if pv is None:
@@ -190,12 +191,18 @@ def delete(ctx: Context, j: Journal, source: JsonObj) -> None:
     pv = _source(ctx, j, source)
     if reclaim_policy(pv) != RETAIN:
         patch_fresh(ctx, j.pv, j.source_uid, _set_policy(RETAIN), gone=Changed)
+        pv = _source(ctx, j, source)
     users = users_now(ctx, pv)
     if users:
         raise InUse(", ".join(users))
+    # Only the PV as checked: a write since (the binder binding it to a claim that just appeared) makes
+    # the API server refuse the DELETE. A binder that read it before loses its own update the same way.
+    version = pv["metadata"].get("resourceVersion")
     try:
-        ctx.client.delete(PVS, j.pv, preconditions={"uid": j.source_uid})
+        ctx.client.delete(PVS, j.pv, preconditions={"uid": j.source_uid, "resourceVersion": version})
     except ApiError as exc:
+        if exc.conflict:
+            raise Changed(f"PV {j.pv} changed while it was checked for use; starting over") from None
         if not exc.not_found:
             raise
 

@@ -3,15 +3,15 @@
 Lists are served the way the API server pages them (`limit` / `continue`), filtered by a
 `fieldSelector` of metadata.name and metadata.namespace equalities (the field labels every resource
 has). The items of a list are read, created, merge-patched and deleted one by one at
-`<list path>/<name>`, with the API server's
-rules the migration code relies on: metadata.uid and metadata.resourceVersion in a patch, and
-preconditions.uid in DeleteOptions, are preconditions (409 Conflict otherwise); every write bumps the
-resourceVersion; DELETE of an object with finalizers only sets its deletionTimestamp, and the object
-goes once it is deleting without finalizers. A watch (`?watch=true`) of a list path in `watches` streams
-the events given for it, then breaks: the connection drops without ending the chunked stream, as when
-an API server goes away. Other watches stay open, sending nothing, until `break_watches()` or the
-server stops, and then break likewise. Every request is recorded (path, query, Authorization header,
-method); unknown paths and configured failures are answered with a Kubernetes `Status` object.
+`<list path>/<name>`, with the API server's rules the migration code relies on: metadata.uid and
+metadata.resourceVersion in a patch, and preconditions.uid and preconditions.resourceVersion in
+DeleteOptions, are preconditions (409 Conflict otherwise); every write bumps the resourceVersion;
+DELETE of an object with finalizers only sets its deletionTimestamp, and the object goes once it is
+deleting without finalizers. A watch (`?watch=true`) of a list path in `watches` streams the events
+given for it, then breaks: the connection drops without ending the chunked stream, as when an API
+server goes away. Other watches stay open, sending nothing, until `break_watches()` or the server
+stops, and then break likewise. Every request is recorded (path, query, Authorization header, method);
+unknown paths and configured failures are answered with a Kubernetes `Status` object.
 """
 
 from __future__ import annotations
@@ -189,9 +189,9 @@ class FakeKubeAPI:
         return 200, body
 
     def _delete(self, items: list[Obj], obj: Obj, options: Obj) -> Answer:
-        uid = (options.get("preconditions") or {}).get("uid")
-        if uid and uid != obj["metadata"].get("uid"):
-            return 409, _status(409, "Conflict", "precondition failed: uid")
+        for field, wanted in (options.get("preconditions") or {}).items():
+            if wanted and wanted != obj["metadata"].get(field):
+                return 409, _status(409, "Conflict", f"precondition failed: {field}")
         if obj["metadata"].get("finalizers"):
             obj["metadata"].setdefault("deletionTimestamp", "2026-01-01T00:00:00Z")
             self._written(obj)

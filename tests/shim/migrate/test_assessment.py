@@ -255,3 +255,25 @@ def test_a_released_pv_is_not_used_by_the_pods_of_a_newer_claim_of_the_same_name
     assert converted["spec"]["csi"]["driver"] == "ebs.csi.aws.com"
     assert converted["spec"]["claimRef"]["uid"] == "old-claim-uid"
     assert events_on(api, "PersistentVolumeClaim") == []
+
+
+def test_a_pv_reserved_for_a_claim_that_does_not_exist_converts_and_stays_reserved(tmp_path: Path) -> None:
+    """Kubernetes' "reserving a PersistentVolume": a claimRef without uid naming a claim that does not
+    exist (yet). kube-controller-manager leaves it Available until such a claim appears, which may be
+    never; it converts, and the CSI PV keeps the reservation for the binder to complete."""
+    pv = pv_in("Available", ("apps", "reserved", ""))
+    pv["metadata"]["resourceVersion"] = "5"
+    code, volume, api = apply_pv(one_shot_lists([pv], [], [], "apps"), "pv-1", tmp_path)
+    assert (code, volume["result"]) == (0, DONE), volume["message"]
+    (converted,) = api.lists["/api/v1/persistentvolumes"]["items"]
+    assert converted["spec"]["csi"]["driver"] == "ebs.csi.aws.com"
+    ref = converted["spec"]["claimRef"]
+    assert (ref["namespace"], ref["name"], ref.get("uid")) == ("apps", "reserved", None)
+
+
+def test_a_pv_reserved_for_an_existing_claim_waits_for_the_binder(actor: Actor) -> None:
+    outcome = actor.engine.assess(pv_in("Available", ("apps", "data", "")), CONVERT)
+    assert isinstance(outcome, Outcome) and (outcome.result, outcome.reason) == (WAITING, PRE_BOUND)
+    journal = actor.engine.assess(pv_in("Available", ("apps", "reserved", "")), CONVERT)
+    assert isinstance(journal, Journal), journal
+    assert (journal.was_bound, journal.claim) == (False, None)

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from shim.migrate import steps
+from shim.migrate import kube, steps
 from shim.migrate.events import EventRecorder
 from shim.migrate.journal import Journal
 from shim.migrate.kube import KubeClient
@@ -137,3 +137,30 @@ def test_release_removes_only_pv_protection(
     ):
         steps.release(context(client), j, j.source)
     assert (the_pv(api) or {})["metadata"]["finalizers"] == [OTHER], "other finalizers are their owners'"
+
+
+def test_delete_is_refused_when_the_pv_changes_after_its_last_check(
+    api: FakeKubeAPI, client: KubeClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A PV reserved for a claim that does not exist is converted; if the claim appears and the binder
+    binds the PV after the delete step read it, the DELETE (preconditions uid and resourceVersion) is
+    refused and the conversion starts over: the PV is not deleted under its new claim."""
+    pv = sample_pv("aws-ebs", name="pv-1", claim=("ns", "reserved", ""))
+    pv["spec"]["persistentVolumeReclaimPolicy"] = "Retain"
+    pv["metadata"].update(uid="u-1", resourceVersion="7")
+    pv["status"] = {"phase": "Available"}
+    cluster(api, pv)
+    j = dataclasses.replace(journal(pv, "delete"), was_bound=False, claim=None)
+    checked = steps.users_now
+
+    def binder_binds_after_the_check(ctx: steps.Context, found: Obj) -> list[str]:
+        users = checked(ctx, found)
+        bound = {"spec": {"claimRef": {"uid": "c-9"}}, "status": {"phase": "Bound"}}
+        client.patch(kube.PVS, "pv-1", bound)
+        return users
+
+    monkeypatch.setattr(steps, "users_now", binder_binds_after_the_check)
+    with pytest.raises(steps.Changed, match="changed"):
+        steps.delete(context(client), j, j.source)
+    left = the_pv(api)
+    assert left is not None and "deletionTimestamp" not in left["metadata"]
