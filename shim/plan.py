@@ -6,7 +6,7 @@ plugin, under given feature gates and the set of installed CSI drivers. Pure: no
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -129,6 +129,14 @@ def _parameter_blockers(driver: str, parameters: Mapping[str, str]) -> list[str]
     return [f"parameter {key!r} is not accepted by {driver}" for key in rejected]
 
 
+def missing_driver(driver: str, installed: Container[str]) -> str | None:
+    """The blocker of a volume whose CSI driver is not installed (no CSIDriver object), or None. The
+    migration engine asks the same before it converts a PV (`installed` looked up in the cluster)."""
+    if driver in installed:
+        return None
+    return f"CSI driver {driver} is not installed (no CSIDriver object)"
+
+
 class Planner:
     """Builds PlanItems for manifests under given gates and installed CSI drivers."""
 
@@ -148,8 +156,9 @@ class Planner:
             driver=driver,
             volume=volume,
         )
-        if driver not in self._installed:
-            item.blockers.append(f"CSI driver {driver} is not installed (no CSIDriver object)")
+        missing = missing_driver(driver, self._installed)
+        if missing is not None:
+            item.blockers.append(missing)
         if self._gates.is_plugin_unregistered(plugin) and not self._gates.is_migration_enabled(plugin):
             unregister = PLUGIN_GATES[plugin].unregister
             item.blockers.append(f"{unregister} is on but migration is off: nothing would serve this volume")

@@ -12,7 +12,7 @@ from shim.migrate.events import EventRecorder
 from shim.migrate.lock import Holder, PVLocks
 from shim.migrate.metrics import Metrics
 from shim.migrate.options import version
-from shim.migrate.steps import Context
+from shim.migrate.steps import Context, LiveDrivers
 from shim.migrate.twins import Twins
 from shim.migrate.usage import Claims, Usage
 
@@ -42,7 +42,7 @@ def build(
     events = EventRecorder(client, args.holder_identity, post=not args.dry_run)
     holder = Holder(args.holder_identity, version(), max(1, round(args.lock_duration)))
     locks = PVLocks(client, args.namespace, holder)
-    context = Context(client, claims, usage, events, metrics, args.bound_timeout)
+    context = Context(client, claims, usage, events, metrics, args.bound_timeout, LiveDrivers(client))
     engine = Engine(context, locks, translator, args.holder_identity)
     twins = Twins(client, translator, events, metrics, getattr(args, "move_default_class", False))
     return Actor(client, translator, metrics, events, locks, engine, twins)

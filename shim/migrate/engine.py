@@ -12,6 +12,9 @@ differs from the record or journal: Event, left for a person); failed (API error
 the lock: retry later); planned (dry run: what would be created). Waiting and skipped outcomes carry a
 `reason` (WAIT_REASONS for waiting; the skip metric's label for skipped).
 
+A PV whose CSI driver is not installed (no CSIDriver object: what `plan` reports as a blocker, by the
+same function) is skipped ("driver-missing") before anything is written.
+
 A PV whose CSI form or journal would not fit Kubernetes' 256 KiB limit on an object's annotations is
 skipped ("too-large"): the CSI PV carries the PV's annotations plus its record, and the journal in the
 lock Lease carries the record and the new PV, so either write would fail on every attempt.
@@ -35,6 +38,7 @@ from shim.migrate.kube import ApiError
 from shim.migrate.lock import Busy, LockLost, PVLock, PVLocks
 from shim.migrate.steps import STEP_FUNCTIONS, Changed, Context, InUse, Pending, Refused, get_pv, patch_fresh
 from shim.migrate.usage import current_claim
+from shim.plan import missing_driver
 
 log = logging.getLogger(__name__)
 
@@ -182,6 +186,9 @@ class Engine:
             target = o.convert_target(self._translator, record, journal_id, self._identity)
         except TranslationError as exc:
             return self._skip(pv, CONVERT, "translation-failed", f"translation fails: {exc}")
+        missing = missing_driver(o.csi_driver(target) or "", self.ctx.drivers)  # what `plan` says too
+        if missing is not None:
+            return self._skip(pv, CONVERT, "driver-missing", missing)
         return self._journal(pv, CONVERT, plugin, journal_id, target)
 
     def assess_rollback(self, pv: o.JsonObj, journal_id: str) -> Journal | Outcome:

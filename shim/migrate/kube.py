@@ -91,6 +91,7 @@ PODS = Resource("/api/v1", "pods", True, "Pod")
 EVENTS = Resource("/api/v1", "events", True, "Event")
 VOLUME_ATTACHMENTS = Resource("/apis/storage.k8s.io/v1", "volumeattachments", False, "VolumeAttachment")
 STORAGE_CLASSES = Resource("/apis/storage.k8s.io/v1", "storageclasses", False, "StorageClass")
+CSI_DRIVERS = Resource("/apis/storage.k8s.io/v1", "csidrivers", False, "CSIDriver")
 LEASES = Resource("/apis/coordination.k8s.io/v1", "leases", True, "Lease")
 
 

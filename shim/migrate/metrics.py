@@ -4,7 +4,7 @@ Series (all prefixed ballast_migrate_):
 - operations_total{direction, result}: conversions and rollbacks by how they ended (done, waiting,
   busy, skipped, refused, failed);
 - skips_total{reason}: PVs and objects left alone because of bad input or state (translation-failed,
-  unknown-plugin, bad-record, claim-vanished, too-large, ...);
+  driver-missing, unknown-plugin, bad-record, claim-vanished, too-large, ...);
 - api_requests_total{verb, resource, code}: every Kubernetes API request (code 0: no response);
 - conflicts_retried_total: API 409 conflicts that were retried on fresh state;
 - operation_seconds{direction}: time from the first step to done;

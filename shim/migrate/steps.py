@@ -21,13 +21,13 @@ as the journal expects; a person must look; the journal is kept).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from datetime import UTC, datetime
 from typing import NamedTuple
 
 from shim.migrate.events import NORMAL, WARNING, EventRecorder, Ref
 from shim.migrate.journal import Journal
-from shim.migrate.kube import PVS, ApiError, KubeClient
+from shim.migrate.kube import CSI_DRIVERS, PVS, ApiError, KubeClient
 from shim.migrate.metrics import Metrics
 from shim.migrate.objects import (
     ANN_JOURNAL_ID,
@@ -63,6 +63,16 @@ class Refused(Exception):
     """The cluster is not as the journal expects; nothing more is done until a person looks."""
 
 
+class LiveDrivers:
+    """The installed CSI drivers: `name in drivers` reads the CSIDriver `name` from the API server."""
+
+    def __init__(self, client: KubeClient) -> None:
+        self._client = client
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and self._client.get_or_none(CSI_DRIVERS, name) is not None
+
+
 class Context(NamedTuple):
     client: KubeClient
     claims: Claims
@@ -70,6 +80,7 @@ class Context(NamedTuple):
     events: EventRecorder
     metrics: Metrics
     bound_timeout: float
+    drivers: Container[str]  # names of the installed CSI drivers
 
 
 def _now() -> str:

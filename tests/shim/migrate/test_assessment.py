@@ -15,6 +15,7 @@ import pytest
 
 from shim import Translator
 from shim.cli import build_parser, main
+from shim.gates import FeatureGates
 from shim.migrate import kube
 from shim.migrate import objects as o
 from shim.migrate.actor import Actor, build
@@ -35,6 +36,8 @@ from shim.migrate.journal import CONVERT, ROLLBACK, Journal
 from shim.migrate.metrics import Metrics
 from shim.migrate.options import check
 from shim.migrate.usage import LiveClaims, UsageFrom
+from shim.objects import Location, Manifest
+from shim.plan import Planner
 from tests.shim.fake_kube_api import FakeKubeAPI
 from tests.shim.migrate.samples import sample_pv
 
@@ -49,9 +52,14 @@ USER_POD: Obj = {
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[tuple[kube.KubeClient, Path]]:
-    """A client of a fake API server holding the claim `apps/data`, and its kubeconfig."""
+    """A client of a fake API server holding the claim `apps/data` and CSIDriver ebs.csi.aws.com, and its
+    kubeconfig."""
     claim = {"metadata": {"name": "data", "namespace": "apps", "uid": CLAIM[2]}}
-    lists = {"/api/v1/namespaces/apps/persistentvolumeclaims": {"items": [claim], "metadata": {}}}
+    driver = {"metadata": {"name": "ebs.csi.aws.com", "uid": "cd-1"}}
+    lists = {
+        "/api/v1/namespaces/apps/persistentvolumeclaims": {"items": [claim], "metadata": {}},
+        "/apis/storage.k8s.io/v1/csidrivers": {"items": [driver], "metadata": {}},
+    }
     with FakeKubeAPI(lists) as api:
         kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
         client = kube.connect(str(kubeconfig))
@@ -277,3 +285,21 @@ def test_a_pv_reserved_for_an_existing_claim_waits_for_the_binder(actor: Actor) 
     journal = actor.engine.assess(pv_in("Available", ("apps", "reserved", "")), CONVERT)
     assert isinstance(journal, Journal), journal
     assert (journal.was_bound, journal.claim) == (False, None)
+
+
+def test_a_pv_whose_csi_driver_is_not_installed_is_skipped_as_plan_says(tmp_path: Path) -> None:
+    """`plan` calls a PV BLOCKED when its CSI driver has no CSIDriver object; apply (and the controller)
+    skip it with the same words, an Event and the skip metric, and change nothing."""
+    pv = pv_in("Available", None)
+    pv["metadata"]["resourceVersion"] = "5"
+    lists = one_shot_lists([pv], [], [], "apps")
+    lists["/apis/storage.k8s.io/v1/csidrivers"]["items"] = []
+    code, volume, api = apply_pv(lists, "pv-1", tmp_path)
+    blocker = "CSI driver ebs.csi.aws.com is not installed (no CSIDriver object)"
+    assert (code, volume["result"]) == (1, SKIPPED)
+    assert volume["message"] == f"driver-missing: {blocker}"
+    assert api.lists["/api/v1/persistentvolumes"]["items"] == [pv], "nothing changed"
+    (event,) = events_on(api, "PersistentVolume")
+    assert (event["reason"], event["message"]) == ("MigrationSkipped", f"convert skipped: {blocker}")
+    plan = Planner(Translator(), FeatureGates(), set()).plan(Manifest(Location("pv.yaml", 1), pv))
+    assert [item.blockers for item in plan] == [[blocker]]

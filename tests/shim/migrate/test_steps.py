@@ -79,7 +79,8 @@ def context(client: KubeClient) -> steps.Context:
     """A step context whose cached usage sees nothing, as a frozen or lagging cache would."""
     stale = UsageFrom(lambda: [], lambda namespace: [], LiveClaims(client))
     events = EventRecorder(client, "test")
-    return steps.Context(client, LiveClaims(client), stale, events, Metrics("test", "test"), 600.0)
+    drivers = {"ebs.csi.aws.com"}
+    return steps.Context(client, LiveClaims(client), stale, events, Metrics("test", "test"), 600.0, drivers)
 
 
 def the_pv(api: FakeKubeAPI) -> Obj | None:
