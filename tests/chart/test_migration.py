@@ -29,6 +29,7 @@ MIGRATION_RULES = {
     rule("", "persistentvolumeclaims", "list", "watch"),
     rule("", "pods", "list", "watch"),
     rule("storage.k8s.io", "volumeattachments", "list", "watch"),
+    rule("storage.k8s.io", "csidrivers", "get"),
     rule("storage.k8s.io", "storageclasses", "get", "list", "create", "delete"),
     rule("", "events", "create"),
 }

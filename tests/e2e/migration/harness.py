@@ -24,11 +24,12 @@ import yaml
 from shim.migrate.lock import lease_name
 from shim.migrate.objects import ANN_ORIGINAL
 from shim.migrate.options import version
+from shim.plugins.registry import PLUGINS
 from tests.chart.render import run_helm
 from tests.conftest import REPO
 from tests.e2e.cluster import Cluster
 from tests.e2e.deploy import apply_objects, delete_objects
-from tests.e2e.kube import Kube, KubeError, events, leases, phase_is, pvcs, pvs
+from tests.e2e.kube import Kube, KubeError, csi_drivers, events, leases, phase_is, pvcs, pvs
 from tests.e2e.process import Process, free_port
 from tests.shim.migrate.samples import sample_pv
 
@@ -154,9 +155,22 @@ def migration_release(
     applied: list[Obj] = []
     rbac = [o for o in objects if o["kind"] in RBAC_KINDS and _for_migration(o)]
     apply_objects(kube, rbac, applied)
+    drivers = [_csi_driver(p.csi_name) for p in PLUGINS if not kube.exists(csi_drivers(p.csi_name))]
+    apply_objects(kube, drivers, applied)  # installed CSI drivers: the controller skips PVs of others
     account = next(o for o in rbac if o["kind"] == "ServiceAccount")["metadata"]["name"]
     kubeconfig = cluster.service_account_kubeconfig(namespace, account)
     return MigrationRelease(cluster, kube, namespace, release, objects, kubeconfig, applied)
+
+
+def _csi_driver(name: str) -> Obj:
+    """The CSIDriver object an installed CSI driver named `name` has."""
+    meta = {"name": name}
+    return {
+        "apiVersion": "storage.k8s.io/v1",
+        "kind": "CSIDriver",
+        "metadata": meta,
+        "spec": {"attachRequired": True},
+    }
 
 
 def _for_migration(obj: Obj) -> bool:
