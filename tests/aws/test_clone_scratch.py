@@ -17,7 +17,7 @@ from csi.backends.aws import AwsBackend
 from csi.backends.aws.clones import TAG_CLONE_SCRATCH
 from csi.backends.aws.params import TAG_DRIVER
 from csi.backends.base import ContentSource, DiskOptions, GiB, SourceKind
-from csi.failures import TransientError
+from csi.failures import InvalidParameterError, TransientError
 from tests.motoproxy import MotoProxy
 
 CLONE = "pvc-clone"
@@ -117,3 +117,27 @@ def test_a_clone_leaves_no_scratch_snapshot(
     assert snapshots_of(ec2, source) == [foreign], "a scratch snapshot was left, or another clone's deleted"
     assert snapshots_of(ec2, other) == []
     assert proxy.calls["CreateSnapshot"] == earlier.snapshots_taken
+
+
+@pytest.mark.parametrize(
+    ("code", "falls_back"),
+    [
+        pytest.param("InvalidAction", True, id="endpoint-lacks-copyvolumes-falls-back"),
+        pytest.param("NotImplemented", True, id="not-implemented-falls-back"),
+        pytest.param("UnsupportedOperation", False, id="request-refused-is-invalid-argument"),
+    ],
+)
+def test_copyvolumes_refusals(
+    slow: AwsBackend, proxy: MotoProxy, ec2: Any, code: str, falls_back: bool
+) -> None:
+    """Only a missing action turns CopyVolumes off; EC2's UnsupportedOperation refuses this request
+    (INVALID_ARGUMENT, as the EBS CSI driver answers it) and makes nothing."""
+    source = slow.create_volume("pvc-src", opts()).id
+    proxy.fail("CopyVolumes", code, times=1)
+    if falls_back:
+        assert slow.create_volume(CLONE, opts(source)).id in clones(ec2)
+        assert proxy.calls["CreateSnapshot"] == 1
+    else:
+        with pytest.raises(InvalidParameterError, match="UnsupportedOperation"):
+            slow.create_volume(CLONE, opts(source))
+        assert clones(ec2) == [] and proxy.calls["CreateSnapshot"] == 0

@@ -77,6 +77,14 @@ def client_error(code: str) -> ClientError:
             "IncorrectModificationState", failures.TransientError, grpc.StatusCode.UNAVAILABLE, id="modifying"
         ),
         pytest.param("InvalidNextToken", failures.InvalidTokenError, grpc.StatusCode.ABORTED, id="token"),
+        pytest.param(
+            "UnsupportedOperation",
+            failures.InvalidParameterError,
+            grpc.StatusCode.INVALID_ARGUMENT,
+            id="request-refused",
+        ),
+        pytest.param("InvalidAction", UnsupportedActionError, grpc.StatusCode.INTERNAL, id="no-such-action"),
+        pytest.param("NotImplemented", UnsupportedActionError, grpc.StatusCode.INTERNAL, id="not-impl"),
         pytest.param("SomethingNew", failures.DriverError, grpc.StatusCode.INTERNAL, id="unknown"),
     ],
 )

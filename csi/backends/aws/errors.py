@@ -38,6 +38,10 @@ AWS_ERRORS: dict[str, type[failures.DriverError]] = {
     "UnknownParameter": failures.InvalidParameterError,
     "InvalidKMSKey.Id": failures.InvalidParameterError,
     "InvalidTagKey.Malformed": failures.InvalidParameterError,
+    # EC2 refusing this particular request (a modification the volume cannot take, an option the
+    # region or instance lacks), not an action the endpoint lacks; the EBS CSI driver lists it among
+    # the invalid-parameter codes too
+    "UnsupportedOperation": failures.InvalidParameterError,
     "InvalidNextToken": failures.InvalidTokenError,
     "InvalidPaginationToken": failures.InvalidTokenError,
     # idempotency: the client token was used before with other arguments
@@ -62,7 +66,6 @@ AWS_ERRORS: dict[str, type[failures.DriverError]] = {
     "InvalidZone.NotFound": failures.OutOfCapacityError,
     # the endpoint lacks the action
     "InvalidAction": UnsupportedActionError,
-    "UnsupportedOperation": UnsupportedActionError,
     "NotImplemented": UnsupportedActionError,
     # the EBS direct APIs (ebs client: ListSnapshotBlocks, ListChangedBlocks)
     "ResourceNotFoundException": failures.NotFoundError,
