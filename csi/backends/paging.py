@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from typing import Generic, NamedTuple, TypeVar
 
@@ -18,13 +19,22 @@ class Page(NamedTuple, Generic[T]):
     next_token: str = ""
 
 
-def seek_page(items: Sequence[T], ident: Callable[[T], str], max_entries: int, token: str) -> Page[T]:
+def seek_page(
+    items: Sequence[T],
+    ident: Callable[[T], str],
+    max_entries: int,
+    token: str,
+    id_form: re.Pattern[str] | None = None,
+) -> Page[T]:
     """Seek paging over items ordered by `ident`: the token is the last id returned, so adding or
-    removing items between pages never repeats one. A token not of this form -> InvalidTokenError."""
+    removing items between pages never repeats one. A token not of this form, or whose id does not
+    match `id_form` (the backend's ids, when they have one), -> InvalidTokenError: spec, ListVolumes /
+    ListSnapshots, "Invalid starting_token ... ABORTED"."""
     ordered = sorted(items, key=ident)
     if token:
         last = token[len(SEEK_TOKEN_PREFIX) :]
-        if not token.startswith(SEEK_TOKEN_PREFIX) or not last:
+        malformed = id_form is not None and not id_form.fullmatch(last)
+        if not token.startswith(SEEK_TOKEN_PREFIX) or not last or malformed:
             raise InvalidTokenError(f"starting token {token!r} was not issued by this driver")
         ordered = [i for i in ordered if ident(i) > last]
     if max_entries and len(ordered) > max_entries:

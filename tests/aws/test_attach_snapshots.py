@@ -167,6 +167,16 @@ def test_foreign_tokens_are_rejected(backend: AwsBackend, token: str) -> None:
         backend.list_volumes(starting_token=token)
 
 
+@pytest.mark.parametrize(
+    "token", ["after:garbage", "after:", "after:vol-0123456789abcdef0", "snap-0123456789abcdef0", "garbage"]
+)
+def test_foreign_snapshot_tokens_are_aborted(backend: AwsBackend, token: str) -> None:
+    """Spec, ListSnapshots: "Invalid starting_token ... ABORTED"; only `after:<snapshot id>` was issued."""
+    backend.create_snapshot("snap-a", volume(backend, "pvc-1"), {})
+    with pytest.raises(InvalidTokenError):
+        backend.list_snapshots(starting_token=token)
+
+
 # ---------------------------------------------------------------- snapshots
 
 

@@ -152,6 +152,16 @@ def test_list_volume_health_reports_the_drivers_unhealthy_volumes_in_pages(
     assert all(h.issues[0].reason == "VolumeImpaired" for h in (*first.items, *rest.items))
 
 
+@pytest.mark.parametrize("token", ["after:garbage", "after:snap-0123456789abcdef0"])
+def test_a_health_token_the_driver_did_not_issue_is_refused(
+    proxied: tuple[MotoProxy, AwsBackend], token: str
+) -> None:
+    proxy, backend = proxied
+    proxy.answer("DescribeVolumeStatus", status_xml())
+    with pytest.raises(failures.InvalidTokenError):
+        backend.list_volume_health(starting_token=token)
+
+
 def test_without_the_proxy_moto_lacks_describe_volume_status(backend: AwsBackend) -> None:
     """The gap the proxy fills: moto answers DescribeVolumeStatus with an HTML error page."""
     vid = _volume(backend, "plain")

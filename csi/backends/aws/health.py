@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from csi.backends.aws import params as P
 from csi.backends.aws.ec2 import Ec2
 from csi.backends.paging import Page, seek_page
 from csi.health import Issue, Status, VolumeHealth, distinct
@@ -107,4 +108,4 @@ class EbsHealth:
             for v in volumes
             if (found := issues(v, statuses.get(v["VolumeId"])))
         ]
-        return seek_page(unhealthy, lambda h: h.volume_id, max_entries, token)
+        return seek_page(unhealthy, lambda h: h.volume_id, max_entries, token, P.VOLUME_ID)

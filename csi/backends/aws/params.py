@@ -112,8 +112,8 @@ IO2_MOUNTABLE_IOPS = 64000
 # ---- handles
 
 
-_VOLUME_ID = re.compile(r"vol-[0-9A-Za-z]+")
-_SNAPSHOT_ID = re.compile(r"snap-[0-9A-Za-z]+")
+VOLUME_ID = re.compile(r"vol-[0-9A-Za-z]+")
+SNAPSHOT_ID = re.compile(r"snap-[0-9A-Za-z]+")
 
 
 def volume_id(handle: str) -> str:
@@ -127,14 +127,14 @@ def volume_id(handle: str) -> str:
             candidate = unquote(urlsplit(handle).path).strip("/")
         except ValueError as exc:
             raise NotFoundError(f"volume {handle!r} not found: not an EBS volume id") from exc
-    if not _VOLUME_ID.fullmatch(candidate):
+    if not VOLUME_ID.fullmatch(candidate):
         raise NotFoundError(f"volume {handle!r} not found: not an EBS volume id (vol-...)")
     return candidate
 
 
 def snapshot_id(handle: str) -> str:
     """`snap-...` or NotFoundError."""
-    if not _SNAPSHOT_ID.fullmatch(handle):
+    if not SNAPSHOT_ID.fullmatch(handle):
         raise NotFoundError(f"snapshot {handle!r} not found: not an EBS snapshot id (snap-...)")
     return handle
 

@@ -137,4 +137,4 @@ class EbsSnapshots:
                 snaps = [to_snapshot(s, self._zone_key) for s in raw if TAG_CLONE_SCRATCH not in tags(s)]
         except NotFoundError:
             snaps = []
-        return seek_page(snaps, lambda s: s.id, max_entries, starting_token)
+        return seek_page(snaps, lambda s: s.id, max_entries, starting_token, P.SNAPSHOT_ID)
