@@ -57,9 +57,9 @@ def test_only_the_tags_that_differ_are_sent(backend: AwsBackend, vid: str) -> No
 
 
 def test_tags_and_settings_change_together(backend: AwsBackend, ec2: Any, vid: str) -> None:
-    _modify(backend, vid, {"type": "gp3", "iops": "4000", "tagSpecification_1": "tier=fast"}, CLAIM)
+    _modify(backend, vid, {"type": "gp3", "throughput": "200", "tagSpecification_1": "tier=fast"}, CLAIM)
     volume = ec2.describe_volumes(VolumeIds=[vid])["Volumes"][0]
-    assert (volume["Iops"], _tags(ec2, vid)["tier"]) == (4000, "fast")
+    assert (volume["Throughput"], _tags(ec2, vid)["tier"]) == (200, "fast")
 
 
 def test_a_template_the_claim_cannot_render_changes_nothing(backend: AwsBackend, ec2: Any, vid: str) -> None:

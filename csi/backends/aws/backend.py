@@ -271,21 +271,20 @@ class AwsBackend(SnapshotDelegation, Backend):
     def modify_volume(
         self, volume_id: str, mutable_parameters: Mapping[str, str], metadata: Mapping[str, str] = EMPTY
     ) -> Disk:
-        """Tag changes first (mutable.py), then type/iops/throughput, coalesced with a concurrent resize
-        into one ModifyVolume. A template the claim cannot render, or settings the volume cannot take,
-        -> InvalidParameterError/OutOfRangeError before any tag changes."""
+        """Type/iops/throughput first, coalesced with a concurrent resize into one ModifyVolume, then
+        the tag changes (mutable.py), only once EC2 took the modification. Spec, ControllerModifyVolume:
+        on INVALID_ARGUMENT "the SP MUST NOT have applied any modification to the volume as part of
+        this specific call", so a template the claim cannot render, settings the volume cannot take
+        (checked before any call) or EC2 refusing the ModifyVolume leaves the tags as they were."""
         vid = P.volume_id(volume_id)
         changes = mutable.tag_changes(mutable_parameters, metadata, self._lenient_tags)
         settings = mutable.settings(mutable_parameters)
         if not changes:
             return self._modifier.submit(vid, parameters=settings)
+        modified = self._modifier.submit(vid, parameters=settings) if settings else None
         volume = self.ec2.describe_volume(vid)
-        if settings:
-            mutable.modify_arguments(volume, None, settings)  # its refusals, before the tags change
         mutable.apply(self.ec2, vid, changes, records.tags(volume))
-        if settings:
-            return self._modifier.submit(vid, parameters=settings)
-        return self._disk(volume)  # a Disk reads none of the user's tags: the record still answers
+        return modified or self._disk(volume)  # a Disk reads none of the user's tags
 
     def _apply_modification(self, vid: str, change: Modification) -> Disk:
         """One ModifyVolume for a coalesced batch, waited for until EC2 reports it optimizing."""

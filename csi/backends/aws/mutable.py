@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from csi.backends.aws import params as P
 from csi.backends.aws.records import tags
 from csi.backends.aws.tagvalues import VOLUME_FIELDS
-from csi.failures import InvalidParameterError
+from csi.failures import InvalidParameterError, OutOfRangeError
 
 if TYPE_CHECKING:  # validation alone (the local backend standing in for EBS) needs no EC2 client
     from csi.backends.aws.ec2 import Ec2
@@ -110,7 +110,7 @@ def modify_arguments(
 ) -> dict[str, Any]:
     """ModifyVolume arguments taking the EC2 volume record to `size_bytes` (None: keep; never smaller)
     and the validated mutable parameters `changes`; {} when it is there already. A combination the
-    volume type does not allow -> InvalidParameterError or OutOfRangeError."""
+    volume type does not allow -> InvalidParameterError (OutOfRangeError: a size past the type's)."""
     current = int(volume["Size"])
     args: dict[str, Any] = {}
     if size_bytes is not None and P.gib(size_bytes) > current:  # not bigger: satisfied (EBS never shrinks)
@@ -123,15 +123,52 @@ def modify_arguments(
             args[field] = int(changes[key])
     if "Size" in args and P.IOPS not in changes:
         args.update(kept_iops(volume, kind, args["Size"]))
-    if not args:
-        return args
-    P.check_size(kind, int(args.get("Size", current)))
-    limits = P.VOLUME_TYPES[kind]
-    if "Iops" in args and not limits.max_iops:
-        raise InvalidParameterError(f"volume type {kind} has no provisioned IOPS")
-    if "Throughput" in args and limits.throughput is None:
-        raise InvalidParameterError(f"volume type {kind} takes no throughput")
+    if args:
+        _check_size(kind, int(args.get("Size", current)), "VolumeType" in args)
+        _check_performance(kind, int(args.get("Size", current)), args)
     return args
+
+
+def _check_size(kind: str, size_gib: int, type_changes: bool) -> None:
+    """A size the type cannot have: OutOfRangeError for a resize, InvalidParameterError when the new
+    type is what refuses it. Spec, ControllerModifyVolume: INVALID_ARGUMENT when "the specified volume
+    cannot support the specified parameters" (the external-resizer gives up only on that code)."""
+    try:
+        P.check_size(kind, size_gib)
+    except OutOfRangeError as exc:
+        if not type_changes:
+            raise
+        raise InvalidParameterError(f"volume type {kind} cannot hold this volume: {exc}") from exc
+
+
+def check_at_creation(kind: str, size_gib: int, parameters: Mapping[str, str]) -> None:
+    """The `iops` and `throughput` among a CreateVolume's validated mutable `parameters`, checked as a
+    modification to them is (InvalidParameterError): a class's values are made exactly or refused,
+    never capped as a StorageClass's IOPS are."""
+    fields = ((P.IOPS, "Iops"), (P.THROUGHPUT, "Throughput"))
+    wanted = {field: int(parameters[key]) for key, field in fields if key in parameters}
+    _check_performance(kind, size_gib, wanted)
+
+
+def _check_performance(kind: str, size_gib: int, args: Mapping[str, Any]) -> None:
+    """IOPS and throughput within what the type allows at this size (P.VOLUME_TYPES, as at creation)
+    -> else InvalidParameterError, before anything is sent: EC2 would refuse the ModifyVolume, and the
+    spec's INVALID_ARGUMENT means nothing was changed."""
+    limits = P.VOLUME_TYPES[kind]
+    if "Iops" in args:
+        if not limits.max_iops:
+            raise InvalidParameterError(f"volume type {kind} has no provisioned IOPS")
+        top = P.max_iops(kind, size_gib, block_express=True)
+        if not limits.min_iops <= args["Iops"] <= top:
+            raise InvalidParameterError(
+                f"a {size_gib} GiB {kind} volume takes {limits.min_iops}..{top} IOPS, not {args['Iops']}"
+            )
+    if "Throughput" in args:
+        if limits.throughput is None:
+            raise InvalidParameterError(f"volume type {kind} takes no throughput")
+        low, high = limits.throughput
+        if not low <= args["Throughput"] <= high:
+            raise InvalidParameterError(f"{kind} allows {low}..{high} MiB/s, not {args['Throughput']}")
 
 
 def iops_per_gib_tag(params: Mapping[str, str]) -> dict[str, str]:

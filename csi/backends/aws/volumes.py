@@ -51,17 +51,17 @@ def client_token(name: str, attempt: int = 0) -> str:
     return hashlib.sha256(seed.encode()).hexdigest()
 
 
-def create_parameters(options: DiskOptions) -> dict[str, str]:
+def create_parameters(options: DiskOptions, lenient_tags: bool = False) -> dict[str, str]:
     """The StorageClass parameters with the mutable ones applied on top (explicit iops wins; a
-    tagDeletion_<n> has nothing to remove from a new volume)."""
+    tagDeletion_<n> has nothing to remove from a new volume), checked together as a StorageClass's are
+    (P.validate: a throughput out of range, an io2 without IOPS -> InvalidParameterError)."""
     params = dict(options.parameters)
     if P.IOPS in options.mutable_parameters:
         params.pop(P.IOPS_PER_GB, None)
     params.update(
         (k, v) for k, v in options.mutable_parameters.items() if not k.startswith(P.TAG_DELETION_PREFIX)
     )
-    params.setdefault(P.TYPE, P.DEFAULT_TYPE)
-    return params
+    return P.validate(params, lenient_tags)
 
 
 class Request(NamedTuple):
@@ -133,7 +133,7 @@ class VolumeCreator:
     def create(self, name: str, options: DiskOptions) -> Disk:
         """Idempotent by name: the existing volume when made with these arguments (_check_compatible),
         else AlreadyExistsError."""
-        params = create_parameters(options)
+        params = create_parameters(options, self._lenient_tags)
         request = self._request(name, options, params)
         with self._locks.hold(name):
             existing = self._find_by_name(name)
@@ -145,6 +145,7 @@ class VolumeCreator:
         """The CreateVolume arguments and tags for `options`; multi-node access on a type without
         Multi-Attach -> InvalidParameterError."""
         args = P.create_arguments(params, P.gib(options.size_bytes))
+        mutable.check_at_creation(params[P.TYPE], P.gib(options.size_bytes), options.mutable_parameters)
         if options.multi_node:
             if params[P.TYPE] not in P.MULTI_ATTACH_TYPES:
                 raise InvalidParameterError(
