@@ -4,7 +4,8 @@ MUST NOT have applied any modification to the volume as part of this specific ca
 volume type refuses at its size (params.VOLUME_TYPES, the table CreateVolume uses) are refused before
 any call, a type that cannot hold the volume's size is INVALID_ARGUMENT (the external-resizer gives up
 only on that code; OUT_OF_RANGE stays ControllerExpandVolume's), and EC2 refusing the ModifyVolume
-leaves the tags as they were. CreateVolume's mutable_parameters are checked the same way."""
+leaves the tags as they were. CreateVolume's mutable_parameters are checked the same way, and the EBS
+driver's deprecated `volumeType` key is the alias of `type`."""
 
 from __future__ import annotations
 
@@ -120,6 +121,23 @@ def test_an_accepted_modification_then_changes_the_tags(
     client.controller.ControllerModifyVolume(modify(vid, {"iops": "5000", **TAG}), timeout=60)
     record, tags = described(ec2, vid)
     assert record["Iops"] == 5000 and tags["tier"] == "fast" and "keep" not in tags
+
+
+@pytest.mark.parametrize(
+    ("given", "kind"),
+    [
+        pytest.param({"volumeType": "io2", "iops": "2000"}, "io2", id="volumeType-alias"),
+        pytest.param({"VolumeType": "gp2"}, "gp2", id="alias-any-case"),
+        pytest.param({"type": "gp2", "volumeType": "io2"}, "gp2", id="type-wins"),
+    ],
+)
+def test_the_deprecated_volume_type_key_is_an_alias_of_type(
+    served: tuple[CsiClient, AwsBackend], ec2: Any, given: dict[str, str], kind: str
+) -> None:
+    client, backend = served
+    vid = volume(backend)
+    client.controller.ControllerModifyVolume(modify(vid, given), timeout=60)
+    assert described(ec2, vid)[0]["VolumeType"] == kind
 
 
 @pytest.mark.parametrize(

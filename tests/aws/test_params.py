@@ -92,6 +92,8 @@ def test_validate_rejects_naming_the_problem(given: dict[str, str], names: str) 
     [
         pytest.param({"type": "io2", "iops": "3000"}, {"type": "io2", "iops": "3000"}, id="type-iops"),
         pytest.param({"Throughput": "300"}, {"throughput": "300"}, id="throughput"),
+        pytest.param({"volumeType": "IO1", "iops": "100"}, {"type": "io1", "iops": "100"}, id="alias"),
+        pytest.param({"type": "gp2", "volumetype": "io2"}, {"type": "gp2"}, id="type-wins-over-volumeType"),
         pytest.param(
             {"TagSpecification_1": "team = {{ .PVCNamespace }}", "tagdeletion_2": " old "},
             {"tagSpecification_1": "team = {{ .PVCNamespace }}", "tagDeletion_2": "old"},
@@ -115,6 +117,8 @@ def test_validate_mutable(given: dict[str, str], expected: dict[str, str]) -> No
         pytest.param({"tagSpecification_1": "a={{ .PVCName | printf }}"}, id="template-go-refuses"),
         pytest.param({"tagSpecification_1": "a=1", "tagDeletion_1": "a"}, id="set-and-deleted"),
         pytest.param({"tagDeletion_1": "a", "TagDeletion_1": "b"}, id="given-twice"),
+        pytest.param({"volumeType": "gp9"}, id="bad-type-by-alias"),
+        pytest.param({"volumeType": "gp2", "VolumeType": "io2"}, id="alias-given-twice"),
     ],
 )
 def test_validate_mutable_rejects(given: dict[str, str]) -> None:

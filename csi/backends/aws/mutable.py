@@ -32,6 +32,11 @@ def _deleted_tag(key: str, value: str) -> str:
     return name
 
 
+# The EBS CSI driver's deprecated spelling of `type` (DeprecatedModificationKeyVolumeType): accepted as
+# its alias; `type` wins when a class gives both.
+DEPRECATED_TYPE = "volumeType"
+
+
 def _mutable_key(key: str) -> str:
     for prefix in (P.TAG_PREFIX, P.TAG_DELETION_PREFIX):
         tag_key = P.prefixed(key, prefix)
@@ -46,13 +51,24 @@ def _mutable_key(key: str) -> str:
     return canonical
 
 
+def _type_alias(parameters: Mapping[str, str]) -> tuple[dict[str, str], str | None]:
+    """`parameters` without the deprecated `volumeType` (any case), and its value (None: not given)."""
+    aliases = [key for key in parameters if key.lower() == DEPRECATED_TYPE.lower()]
+    if len(aliases) > 1:
+        raise InvalidParameterError(f"parameter {DEPRECATED_TYPE} is given twice (keys are case-insensitive)")
+    rest = {key: value for key, value in parameters.items() if key not in aliases}
+    return rest, parameters[aliases[0]] if aliases else None
+
+
 def validate(parameters: Mapping[str, str], lenient_tags: bool = False) -> dict[str, str]:
-    """Canonical VolumeAttributesClass parameters: `type`, `iops`, `throughput`, and tag changes:
+    """Canonical VolumeAttributesClass parameters: `type` (or its alias `volumeType`), `iops`,
+    `throughput`, and tag changes:
     `tagSpecification_<n>` (key=template, as in a StorageClass) sets a tag, `tagDeletion_<n>` (a tag
     key) removes one; a key both set and removed -> InvalidParameterError."""
     out: dict[str, str] = {}
     changed: dict[str, list[str]] = {P.TAG_PREFIX: [], P.TAG_DELETION_PREFIX: []}
-    for key, value in parameters.items():
+    given, alias = _type_alias(parameters)
+    for key, value in given.items():
         canonical = _mutable_key(key)
         if canonical in out:
             raise InvalidParameterError(f"parameter {key!r} is given twice (keys are case-insensitive)")
@@ -64,6 +80,8 @@ def validate(parameters: Mapping[str, str], lenient_tags: bool = False) -> dict[
     both = sorted(set(changed[P.TAG_PREFIX]) & set(changed[P.TAG_DELETION_PREFIX]))
     if both:
         raise InvalidParameterError(f"tag(s) {', '.join(both)} both set and deleted by one class")
+    if alias is not None and P.TYPE not in out:
+        out[P.TYPE] = alias
     if P.TYPE in out:
         out[P.TYPE] = P.check_type(out[P.TYPE])
     for key in (P.IOPS, P.THROUGHPUT):
