@@ -19,6 +19,7 @@ from csi.backends.aws import AwsBackend
 from csi.backends.base import DiskOptions, GiB
 from csi.config import parse_args
 from csi.server import Driver
+from tests.aws.conftest import inject_responses
 from tests.csiclient import CsiClient, connect
 from tests.motoproxy import MotoProxy
 from tests.motoserver import ZONE, make_client
@@ -127,3 +128,25 @@ def test_expand_and_modify_arriving_together(
     assert proxy.calls["ModifyVolume"] == 1
     (volume,) = ec2.describe_volumes(VolumeIds=[vid])["Volumes"]
     assert (volume["Size"], volume["Iops"]) == (size_gib, iops)
+
+
+def test_a_repeated_expand_waits_for_the_modification_still_in_flight(
+    serve: Callable[[bool], tuple[CsiClient, AwsBackend]], ec2: Any
+) -> None:
+    """The first ControllerExpandVolume's ModifyVolume was made, and its wait for `optimizing` timed
+    out; EC2 describes the volume at its new size while the modification is still `modifying`. The
+    retry answers only once the modification is usable, as docs/aws.md promises (the EBS CSI driver
+    waits the same way), and ControllerGetVolume meanwhile reports the size usable now."""
+    client, backend = serve(True)
+    vid = backend.create_volume("pvc-mod", DiskOptions(size_bytes=10 * GiB, parameters={"type": "gp3"})).id
+    ec2.modify_volume(VolumeId=vid, Size=20)  # moto makes it at once: its answers are held at modifying
+    item = {"VolumeId": vid, "ModificationState": "modifying", "OriginalSize": 10, "TargetSize": 20}
+    modifying = inject_responses(
+        backend.ec2.client, "DescribeVolumesModifications", [{"VolumesModifications": [item]}] * 4
+    )
+    got = client.controller.ControllerGetVolume(csi_pb2.ControllerGetVolumeRequest(volume_id=vid), timeout=60)
+    assert got.volume.capacity_bytes == 10 * GiB
+    method, request = expand(20)(vid)
+    answer = getattr(client.controller, method)(request, timeout=60)
+    assert modifying == [], "the expand answered while the modification was still modifying"
+    assert answer.capacity_bytes == 20 * GiB

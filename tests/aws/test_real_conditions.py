@@ -107,7 +107,8 @@ def test_expand_returns_once_the_modification_is_optimizing(
     proxy.reset()
     proxy.hold("optimizing", 50)
     assert slow.expand_volume(disk.id, 3 * GiB) == 3 * GiB
-    assert proxy.calls["ModifyVolume"] == 1 and proxy.calls["DescribeVolumesModifications"] == 1
+    # one look for a modification in flight before, one for this one after
+    assert proxy.calls["ModifyVolume"] == 1 and proxy.calls["DescribeVolumesModifications"] == 2
     (volume,) = ec2.describe_volumes(VolumeIds=[disk.id])["Volumes"]
     assert volume["Size"] == 3
 

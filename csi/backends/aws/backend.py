@@ -2,10 +2,11 @@
 
 The work is split by resource: volumes.py (create, clone; idempotent by the `CSIVolumeName` tag and a
 name-derived client token), attachments.py, snapshots.py, zones.py (placement), records.py (EC2 records
-as Disk/Snapshot), mutable.py (VolumeAttributesClass parameters), health.py (DescribeVolumeStatus),
-cbt.py (changed blocks, EBS direct APIs). Handles are EC2 ids; the in-tree forms `aws://zone/vol-...`
-and `aws:///vol-...` are accepted everywhere and normalised to `vol-...` (params.volume_id). Every EC2
-request goes through ec2.Ec2 (throttling retried, error codes mapped once).
+as Disk/Snapshot), mutable.py (VolumeAttributesClass parameters), modifications.py (ModifyVolume and
+its waits), health.py (DescribeVolumeStatus), cbt.py (changed blocks, EBS direct APIs). Handles are
+EC2 ids; the in-tree forms `aws://zone/vol-...` and `aws:///vol-...` are accepted everywhere and
+normalised to `vol-...` (params.volume_id). Every EC2 request goes through ec2.Ec2 (throttling
+retried, error codes mapped once).
 """
 
 from __future__ import annotations
@@ -23,12 +24,13 @@ from csi.backends.aws import params as P
 from csi.backends.aws.attachments import Attacher
 from csi.backends.aws.cbt import EBS_BLOCK, EbsBlocks
 from csi.backends.aws.clones import ScratchSnapshots
-from csi.backends.aws.coalesce import Coalescer, Modification
+from csi.backends.aws.coalesce import Coalescer
 from csi.backends.aws.devices import DeviceFinder
 from csi.backends.aws.ec2 import PAGE_SIZE, Backoff, Ec2
 from csi.backends.aws.health import EbsHealth
 from csi.backends.aws.listing import Listings
 from csi.backends.aws.metadata import Imds, Placement, free_attach_slots, resolve_placement
+from csi.backends.aws.modifications import Modifications
 from csi.backends.aws.ownertags import OwnerTags
 from csi.backends.aws.snapshots import EbsSnapshots
 from csi.backends.aws.volumes import LIVE_VOLUME_STATES, VolumeCreator
@@ -132,7 +134,8 @@ class AwsBackend(SnapshotDelegation, Backend):
         self._health = EbsHealth(self.ec2)
         self.ebs = Ec2(ebs_client, backoff, sleep, wait_timeout) if ebs_client is not None else None
         self._blocks = EbsBlocks(self.ec2, self.ebs) if self.ebs is not None else None
-        self._modifier: Coalescer[Disk] = Coalescer(self._apply_modification, modify_window, sleep)
+        self._modifications = Modifications(self.ec2, self.zone_key)
+        self._modifier: Coalescer[Disk] = Coalescer(self._modifications.apply, modify_window, sleep)
         self._placement: Placement | None = None
         self._listings = Listings(self._listed)
         self.capabilities = capabilities(self.zone_key, max_volumes, self._blocks is not None)
@@ -240,7 +243,9 @@ class AwsBackend(SnapshotDelegation, Backend):
         failpoints.hit("aws.delete.requested")
 
     def get_volume(self, volume_id: str) -> Disk:
-        return self._disk(self.ec2.describe_volume(P.volume_id(volume_id)))
+        """At its original size while a resize is still `modifying` (modifications.py)."""
+        vid = P.volume_id(volume_id)
+        return self._modifications.usable(vid, self._disk(self.ec2.describe_volume(vid)))
 
     def list_volumes(self, max_entries: int = 0, starting_token: str = "") -> Page[Disk]:
         """Volumes made by this driver or the in-tree plugin, with the nodes they are attached to; the
@@ -285,28 +290,6 @@ class AwsBackend(SnapshotDelegation, Backend):
         volume = self.ec2.describe_volume(vid)
         mutable.apply(self.ec2, vid, changes, records.tags(volume))
         return modified or self._disk(volume)  # a Disk reads none of the user's tags
-
-    def _apply_modification(self, vid: str, change: Modification) -> Disk:
-        """One ModifyVolume for a coalesced batch, waited for until EC2 reports it optimizing."""
-        volume = self.ec2.describe_volume(vid)
-        args = mutable.modify_arguments(volume, change.size_bytes, change.parameters)
-        if not args:
-            return self._disk(volume)
-        self.ec2.call("modify_volume", VolumeId=vid, **args)
-
-        def settled() -> dict[str, Any] | None:
-            mods = self.ec2.call("describe_volumes_modifications", VolumeIds=[vid]).get(
-                "VolumesModifications", []
-            )
-            state = mods[-1].get("ModificationState", "completed") if mods else "completed"
-            if state == "failed":
-                raise DriverError(f"EBS failed to modify volume {vid}: {mods[-1].get('StatusMessage', '')}")
-            return self.ec2.describe_volume(vid) if state in ("optimizing", "completed") else None
-
-        disk = self._disk(self.ec2.poll(f"modification of {vid}", settled))
-        if "Size" in args and disk.size_bytes < args["Size"] * GiB:  # EC2 lags behind a resize
-            disk = disk._replace(size_bytes=args["Size"] * GiB)
-        return disk
 
     # ------------------------------------------------------------------ attachment (attachments.py)
 
