@@ -6,6 +6,7 @@ import threading
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,7 +22,9 @@ from csi.backends.aws.metadata import (
     free_attach_slots,
     resolve_placement,
 )
-from csi.failures import FailedPreconditionError
+from csi.backends.base import DiskOptions, GiB
+from csi.failures import FailedPreconditionError, LimitExceededError
+from tests.motoserver import AMI, ZONE
 
 TOKEN = "token-123"
 METADATA = {
@@ -244,3 +247,46 @@ def test_a_token_is_renewed_before_it_expires(imds: Imds) -> None:
     assert [r for r in FakeImds.requests if r.startswith("GET")] == [
         "GET /latest/meta-data/instance-type"
     ] * 3
+
+
+@pytest.mark.parametrize(
+    ("limit", "launched"),
+    [
+        pytest.param(4, 2, id="two-volumes-mapped-at-launch"),
+        pytest.param(3, 0, id="none-mapped-at-launch"),
+    ],
+)
+def test_an_override_is_reported_as_the_publishes_the_controller_allows(
+    imds: Imds,
+    monkeypatch: pytest.MonkeyPatch,
+    make_backend: Callable[..., AwsBackend],
+    ec2: Any,
+    limit: int,
+    launched: int,
+) -> None:
+    """--max-volumes-per-node N on node and controller: the controller counts the volumes mapped at
+    launch against N, so NodeGetInfo reports N minus them, and every publish the scheduler allows for
+    that figure is made; one more is RESOURCE_EXHAUSTED."""
+    mappings = [
+        {"DeviceName": f"/dev/sd{chr(ord('f') + i)}", "Ebs": {"VolumeSize": 1}} for i in range(launched)
+    ]
+    reservation = ec2.run_instances(
+        ImageId=AMI,
+        MinCount=1,
+        MaxCount=1,
+        InstanceType="m5.large",
+        Placement={"AvailabilityZone": ZONE},
+        BlockDeviceMappings=mappings,
+    )
+    instance = reservation["Instances"][0]["InstanceId"]
+    ebs = "".join(f"ebs{i + 1}\n" for i in range(launched))
+    monkeypatch.setitem(METADATA, "block-device-mapping/", f"ami\n{ebs}root")
+    node = make_backend(imds=imds, node_id=instance, zone=ZONE, max_volumes=limit, controller=False)
+    controller = make_backend(max_volumes=limit)
+    reported = node.node_identity().max_volumes
+    assert reported == limit - launched
+    made = [controller.create_volume(f"pvc-{i}", DiskOptions(size_bytes=GiB)).id for i in range(reported + 1)]
+    for vid in made[:reported]:
+        controller.attach(vid, instance, False)
+    with pytest.raises(LimitExceededError):
+        controller.attach(made[-1], instance, False)

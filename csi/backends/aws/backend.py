@@ -29,7 +29,7 @@ from csi.backends.aws.devices import DeviceFinder
 from csi.backends.aws.ec2 import PAGE_SIZE, Backoff, Ec2
 from csi.backends.aws.health import EbsHealth
 from csi.backends.aws.listing import Listings
-from csi.backends.aws.metadata import Imds, Placement, free_attach_slots, resolve_placement
+from csi.backends.aws.metadata import Imds, Placement, free_attach_slots, launched_volumes, resolve_placement
 from csi.backends.aws.modifications import Modifications
 from csi.backends.aws.ownertags import OwnerTags
 from csi.backends.aws.snapshots import EbsSnapshots
@@ -348,24 +348,30 @@ class AwsBackend(SnapshotDelegation, Backend):
         return self._placement
 
     def node_identity(self) -> NodeIdentity:
-        """Instance id, zone (both zone keys) and attach limit; overrides first, then IMDSv2. Without an
-        override the limit is recomputed on every call (free_attach_slots, with the NVMe instance store
-        volumes this node sees): NodeGetInfo reports the slots free now, and kubelet re-reads it
+        """Instance id, zone (both zone keys) and attach limit; overrides first, then IMDSv2. The limit
+        is what CSI volumes may take: recomputed on every call (_free_slots), kubelet re-reading it
         (CSIDriver nodeAllocatableUpdatePeriodSeconds)."""
         where = self._where()
-        max_volumes = where.max_volumes
-        if where.instance_type and self._imds is not None:
-            try:
-                max_volumes = free_attach_slots(
-                    self._imds, where.instance_type, self._devices.instance_stores()
-                )
-            except FailedPreconditionError as exc:
-                log.warning("attach limit not recomputed, keeping %d: %s", max_volumes, exc)
         return NodeIdentity(
             node_id=where.node_id,
-            max_volumes=max_volumes,
+            max_volumes=self._free_slots(where),
             topology=records.topology(self.zone_key, where.zone),
         )
+
+    def _free_slots(self, where: Placement) -> int:
+        """Without an override, free_attach_slots (with the NVMe instance store volumes this node
+        sees); with --max-volumes-per-node N, N minus the EBS volumes mapped at launch, which the
+        controller counts against N too (attachments.py), so that the N-th publish the scheduler
+        allows is not RESOURCE_EXHAUSTED. Metadata unreachable: the figure known so far."""
+        if self._imds is None or not (where.instance_type or self._max_volumes):
+            return where.max_volumes
+        try:
+            if self._max_volumes:
+                return max(0, self._max_volumes - launched_volumes(self._imds))
+            return free_attach_slots(self._imds, where.instance_type, self._devices.instance_stores())
+        except FailedPreconditionError as exc:
+            log.warning("attach limit not recomputed, keeping %d: %s", where.max_volumes, exc)
+            return where.max_volumes
 
     def resolve_device(self, volume_id: str, publish_context: Mapping[str, str]) -> str:
         """The attached device whose NVMe serial names the volume (or the named Xen device)."""

@@ -145,15 +145,18 @@ def _entries(listing: str) -> list[str]:
     return [line.strip().rstrip("/") for line in listing.splitlines() if line.strip()]
 
 
+def launched_volumes(imds: Imds) -> int:
+    """EBS volumes mapped at launch besides the root (`ebsN` in block-device-mapping)."""
+    return len([e for e in _entries(imds.get("block-device-mapping/")) if e.startswith("ebs")])
+
+
 def free_attach_slots(imds: Imds, instance_type: str, instance_stores: int = 0) -> int:
     """The slots this driver may use now: the type's limit, minus EBS volumes mapped at launch besides
     the root (`ebsN` in block-device-mapping), minus, on types that share slots with network
     interfaces and instance store volumes, every interface beyond the primary one and the
     `instance_stores` NVMe instance store volumes the node sees. Read from metadata on each call:
     interfaces come and go (CNI plugins attach them), so the limit moves."""
-    limit = attach_limit(instance_type)
-    launched = [e for e in _entries(imds.get("block-device-mapping/")) if e.startswith("ebs")]
-    limit -= len(launched)
+    limit = attach_limit(instance_type) - launched_volumes(imds)
     if shares_slots_with_network_interfaces(instance_type):
         interfaces = _entries(imds.get("network/interfaces/macs/"))
         limit -= max(0, len(interfaces) - 1) + instance_stores
