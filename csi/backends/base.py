@@ -18,7 +18,7 @@ from csi.backends.paging import Page as Page
 from csi.backends.paging import seek_page as seek_page
 from csi.backends.reporting import BlockMap as BlockMap
 from csi.backends.reporting import Reporting
-from csi.failures import InvalidParameterError, NotFoundError
+from csi.failures import InvalidParameterError, NotFoundError, OutOfRangeError
 
 if TYPE_CHECKING:
     from csi.config import Config
@@ -89,6 +89,23 @@ def size_fits(size: int, options: DiskOptions) -> bool:
         return size == options.size_bytes
     required, limit = options.size_range
     return size >= required and (not limit or size <= limit)
+
+
+def fit_source(options: DiskOptions, source_bytes: int, granularity: int) -> DiskOptions:
+    """`options` for a volume that holds a content source of `source_bytes`. With the request's range
+    (size_range) the size becomes the larger of size_bytes and the source's, rounded up to
+    `granularity`, and only one past limit_bytes -> OutOfRangeError. Spec, CapacityRange:
+    required_bytes "MUST be at least this big", limit_bytes "MUST not be bigger than this", and with
+    neither the plugin MAY choose. Without a range size_bytes is exact: a larger source ->
+    OutOfRangeError."""
+    size = max(options.size_bytes, -(-source_bytes // granularity) * granularity)
+    limit = options.size_range[1] if options.size_range is not None else options.size_bytes
+    if limit and size > limit:
+        raise OutOfRangeError(
+            f"source {options.source.id if options.source else ''} is {source_bytes} bytes, larger than "
+            f"the requested {limit}"
+        )
+    return options._replace(size_bytes=size)
 
 
 class Disk(NamedTuple):
@@ -235,7 +252,8 @@ class Backend(Reporting, abc.ABC):
     def create_volume(self, name: str, options: DiskOptions) -> Disk:
         """Create a disk named `name`. Idempotent by name: same name and compatible options return the
         existing disk; incompatible options raise AlreadyExistsError. A missing source raises NotFoundError;
-        a source larger than the requested size raises OutOfRangeError."""
+        a source larger than the request allows raises OutOfRangeError (fit_source: a range whose
+        limit_bytes admits the source makes the volume as big as the source)."""
 
     @abc.abstractmethod
     def delete_volume(self, volume_id: str) -> None:

@@ -25,7 +25,7 @@ from csi.backends.aws.ownertags import OwnerTags
 from csi.backends.aws.records import tag_spec
 from csi.backends.aws.tagvalues import VOLUME_FIELDS
 from csi.backends.aws.zones import Zones
-from csi.backends.base import ContentSource, Disk, DiskOptions, GiB, SourceKind, size_fits
+from csi.backends.base import ContentSource, Disk, DiskOptions, GiB, SourceKind, fit_source, size_fits
 from csi.failures import (
     AlreadyExistsError,
     InvalidParameterError,
@@ -133,6 +133,7 @@ class VolumeCreator:
     def create(self, name: str, options: DiskOptions) -> Disk:
         """Idempotent by name: the existing volume when made with these arguments (_check_compatible),
         else AlreadyExistsError."""
+        options = self._fitted(options)
         params = create_parameters(options, self._lenient_tags)
         request = self._request(name, options, params)
         with self._locks.hold(name):
@@ -140,6 +141,23 @@ class VolumeCreator:
             if existing is not None:
                 return self._existing(existing, name, options, request)
             return self._create(name, options, request)
+
+    def _fitted(self, options: DiskOptions) -> DiskOptions:
+        """`options` sized for its content source in whole GiB (base.fit_source). A source EC2 does
+        not know leaves them as they are: a volume made from it before it went still answers its
+        name, and a new one is NotFound (_create)."""
+        source = options.source
+        if source is None:
+            return options
+        try:
+            if source.kind is SourceKind.VOLUME:
+                size = int(self._ec2.describe_volume(P.volume_id(source.id))["Size"]) * GiB
+            else:
+                raw = self._ec2.describe_snapshot(P.snapshot_id(source.id))
+                size = records.to_snapshot(raw, self._zone_key).size_bytes
+        except NotFoundError:
+            return options
+        return fit_source(options, size, GiB)
 
     def _request(self, name: str, options: DiskOptions, params: Mapping[str, str]) -> Request:
         """The CreateVolume arguments and tags for `options`; multi-node access on a type without
@@ -250,15 +268,9 @@ class VolumeCreator:
         source = options.source
         if source is not None and source.kind is SourceKind.VOLUME:
             return self._clone(name, P.volume_id(source.id), options, request)
-        if source is not None:
-            size_gib = P.gib(options.size_bytes)
+        if source is not None:  # its size is fitted to the request already (_fitted)
             raw = self._ec2.describe_snapshot(P.snapshot_id(source.id))
             snap = records.to_snapshot(raw, self._zone_key)
-            if snap.size_bytes > size_gib * GiB:
-                raise OutOfRangeError(
-                    f"snapshot {snap.id} holds {snap.size_bytes} bytes, "
-                    f"more than the requested {size_gib} GiB"
-                )
             request = request._replace(args={**request.args, **request.restore, "SnapshotId": snap.id})
             options = self._within(options, snap.id, records.accessible_zones(raw))
         return self._create_in(self._zones.pick(options), name, options, request)

@@ -224,6 +224,7 @@ class LocalBackend(LocalReporting, SnapshotOperations, Backend):
         return self._disk(row)
 
     def create_volume(self, name: str, options: DiskOptions) -> Disk:
+        options = contents.fitted(self.store, options, self.capabilities.size_granularity)
         spec = records.spec(options)
         row = self.store.volume_by_name(name)
         if row is not None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 
-from csi.backends.base import ContentSource, DiskOptions, SourceKind
+from csi.backends.base import ContentSource, DiskOptions, SourceKind, fit_source
 from csi.backends.local import files
 from csi.backends.local.groupcommit import FileFirst
 from csi.backends.local.layout import Layout
@@ -24,23 +24,40 @@ CREATE_FAILPOINTS = {
 }
 
 
-def source_file(layout: Layout, store: Store, source: ContentSource, size: int) -> str:
-    """The file of a content source; missing -> NotFound, bigger than `size` -> OutOfRange. A source
-    volume's size is only settled under its lock (an expand may be growing it)."""
+def _source_size(store: Store, source: ContentSource) -> int:
+    """Bytes of a content source; missing -> NotFoundError."""
     if source.kind is SourceKind.SNAPSHOT:
-        path = layout.snapshot_file(source.id)
         snap = store.snapshot(source.id)
         if snap is None:
             raise NotFoundError(f"source snapshot {source.id} not found")
-        src_size = snap.size
-    else:
-        path = layout.volume_file(source.id)
-        src_size = store.existing_volume(source.id).size
+        return snap.size
+    return store.existing_volume(source.id).size
+
+
+def fitted(store: Store, options: DiskOptions, granularity: int) -> DiskOptions:
+    """`options` sized for its content source (base.fit_source). A missing source leaves them as they
+    are: a volume made from it before it went still answers its name, and a new one is NotFound
+    (source_file)."""
+    if options.source is None:
+        return options
+    try:
+        size = _source_size(store, options.source)
+    except NotFoundError:
+        return options
+    return fit_source(options, size, granularity)
+
+
+def source_file(layout: Layout, store: Store, source: ContentSource, size: int) -> str:
+    """The file of a content source; missing -> NotFound, bigger than `size` -> OutOfRange. A source
+    volume's size is only settled under its lock (an expand may be growing it)."""
+    src_size = _source_size(store, source)
     if src_size > size:
         raise OutOfRangeError(
             f"source {source.kind.value} {source.id} is {src_size} bytes, larger than the requested {size}"
         )
-    return path
+    if source.kind is SourceKind.SNAPSHOT:
+        return layout.snapshot_file(source.id)
+    return layout.volume_file(source.id)
 
 
 def file_first(
