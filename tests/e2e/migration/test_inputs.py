@@ -14,7 +14,7 @@ from shim.migrate import kube as migrate_kube
 from shim.migrate.events import EventRecorder
 from shim.migrate.metrics import Metrics
 from shim.migrate.objects import ANN_CONVERTED_BY, ANN_ORIGINAL
-from shim.migrate.steps import Context, patch_fresh
+from shim.migrate.steps import Context, LiveDrivers, patch_fresh
 from shim.migrate.usage import LiveClaims, live_usage
 from tests.e2e.cluster import Cluster
 from tests.e2e.kube import Kube, pvcs, pvs
@@ -226,7 +226,8 @@ def test_an_api_conflict_is_retried_on_fresh_state(cluster: Cluster, kube: Kube,
     kube.create(pvs(), sample_pv("aws-ebs", name=name))
     metrics = Metrics("test", "test")
     client = migrate_kube.connect(str(cluster.admin_kubeconfig), on_request=metrics.api_request)
-    context = Context(client, LiveClaims(client), live_usage(client), EventRecorder(None, "t"), metrics, 60)
+    claims, usage, drivers = LiveClaims(client), live_usage(client), LiveDrivers(client)
+    context = Context(client, claims, usage, EventRecorder(None, "t"), metrics, 60, drivers)
     uid = kube.get(pvs(name))["metadata"]["uid"]
     seen: list[str] = []
 
