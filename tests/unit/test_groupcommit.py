@@ -7,6 +7,7 @@ how long anything took.
 
 from __future__ import annotations
 
+import errno
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator
@@ -161,6 +162,54 @@ def test_files_are_durable_before_their_records(
     with pytest.raises(OSError, match="no space"):
         tx.run(insert("b"), FileFirst(refuse, str(tmp_path), lambda: steps.append("never")))
     assert "never" not in steps and committed(con) == {"a"}
+
+
+def test_a_file_that_fails_in_a_batch_keeps_its_record_out_and_its_neighbours_in(
+    db: tuple[sqlite3.Connection, threading.Lock], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two calls batched behind a held commit, one whose file cannot be written (ENOSPC): that call
+    fails and its record is never committed; the other's file and record are."""
+    con, lock = db
+    monkeypatch.setattr(groupcommit, "_fsync_directory", lambda d: None)
+    tx = HeldCommits(con, lock)
+    written: list[str] = []
+
+    def full() -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def first(name: str, prepare: Callable[[], None]) -> FileFirst:
+        return FileFirst(prepare, str(tmp_path), lambda: written.append(name))
+
+    with ThreadPoolExecutor(3) as pool:
+        pool.submit(tx.run, insert("opener"))
+        assert tx.started.wait(10)
+        good = pool.submit(tx.run, insert("good"), first("good", lambda: None))
+        bad = pool.submit(tx.run, insert("bad"), first("bad", full))
+        while len(tx._queue) < 2:  # both queued behind the held commit: they form one batch
+            threading.Event().wait(0.01)
+        tx.release.set()
+        assert good.result() == "good"
+        with pytest.raises(OSError, match="No space"):
+            bad.result()
+    assert written == ["good"]
+    assert committed(con) == {"opener", "good"}, "a call whose file failed still got its record"
+
+
+def test_a_failed_directory_fsync_fails_the_call_and_writes_no_record(
+    db: tuple[sqlite3.Connection, threading.Lock], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The new file's name may not be durable: the record must not claim it is."""
+    con, lock = db
+
+    def fsync_fails(directory: str) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(groupcommit, "_fsync_directory", fsync_fails)
+    tx = Transactions(con, lock, lambda exc: exc)
+    written: list[str] = []
+    with pytest.raises(OSError, match="Input/output error"):
+        tx.run(insert("a"), FileFirst(lambda: None, str(tmp_path), lambda: written.append("a")))
+    assert written == [] and committed(con) == set()
 
 
 def test_a_directory_sync_covers_only_what_came_before_it_started(
