@@ -23,7 +23,7 @@ from csi.backends.local import LocalBackend
 from csi.backends.local.layout import Layout
 from csi.backends.local.recovery import recover_state
 from csi.backends.local.startup import StateUnusable, check_state
-from csi.failures import FailedPreconditionError
+from csi.failures import FailedPreconditionError, NotFoundError
 from tests.conformance.driver import DRIVER, Driver, running_driver
 from tests.csiclient import connect
 from tests.reliability.conftest import MiB, fill, read_state
@@ -278,6 +278,47 @@ def test_records_without_files_are_dropped_and_stray_files_left_alone(tmp_path: 
     assert report.ignored == [str(data / "volumes" / "not-ours.img")]
     assert (data / "volumes" / "not-ours.img").read_bytes() == b"keep me"
     assert set(read_state(data).volume_rows) == {s.volumes["pvc-0"], s.volumes["pvc-1"]}
+
+
+def test_an_attached_volume_whose_file_is_gone_is_dropped_with_its_attachment(tmp_path: Path) -> None:
+    """The attachment of a dropped volume goes with it: recover-state must not try to record it."""
+    data = tmp_path / "data"
+    s = seed(data)
+    attached = s.volumes["pvc-0"]
+    (data / "volumes" / f"{attached}.img").unlink()
+    rec = recover(data)
+    assert rec.returncode == 0, rec.stderr
+    assert "2 volume(s)" in rec.stdout and "0 attachment(s)" in rec.stdout
+    assert f"dropped volume {attached}: its file is gone" in rec.stdout
+    assert set(read_state(data).volume_rows) == {s.volumes["pvc-1"], s.volumes["pvc-2"]}
+
+
+def test_members_of_a_group_the_old_database_lost_are_kept_as_snapshots_of_their_own(tmp_path: Path) -> None:
+    """The groups table unreadable, the snapshots table intact: each member snapshot (its file is
+    there) is kept, no longer in a group, rather than lost without a word."""
+    data = tmp_path / "data"
+    s = seed(data)
+    b = LocalBackend.open(str(data), node_id=NODE)
+    try:
+        members = {m.id: m.source_volume_id for m in b.get_group_snapshot(s.group).snapshots}
+    finally:
+        b.close()
+    con = sqlite3.connect(data / "state.db")
+    con.execute("DROP TABLE groups")
+    con.commit()
+    con.close()
+    report = recover_state(str(data))
+    assert (report.snapshots, report.groups, report.dropped) == (3, 0, [])
+    assert any(p.startswith("table groups unreadable") for p in report.problems), report.problems
+    b = LocalBackend.open(str(data), node_id=NODE)
+    try:
+        for sid, source in members.items():
+            kept = b.get_snapshot(sid)
+            assert (kept.source_volume_id, kept.group_id) == (source, "")
+        with pytest.raises(NotFoundError):
+            b.get_group_snapshot(s.group)
+    finally:
+        b.close()
 
 
 def _seeded_then(how: Callable[[Path], None]) -> Callable[[Path], None]:
