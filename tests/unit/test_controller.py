@@ -87,6 +87,12 @@ CREATE_ERRORS = [
         id="required-above-limit",
     ),
     pytest.param(
+        {"capacity_range": csi_pb2.CapacityRange(required_bytes=2**63 - 1)},
+        Code.OUT_OF_RANGE,
+        id="required-int64-max-rounds-past-int64",
+    ),
+    pytest.param({"name": "pvc\x7f1"}, Code.INVALID_ARGUMENT, id="name-with-del"),
+    pytest.param(
         {
             "volume_content_source": csi_pb2.VolumeContentSource(
                 snapshot=csi_pb2.VolumeContentSource.SnapshotSource(snapshot_id="fs-nope")
@@ -279,6 +285,14 @@ def test_create_volume_limited_below_its_filesystems_floor_is_out_of_range(env: 
     ):
         env.ctl.CreateVolume(request, CTX)
     assert env.backend.volumes == {}
+
+
+def test_create_volume_limited_to_exactly_its_filesystems_floor_is_that_size(env: Env) -> None:
+    vol = env.create(
+        volume_capabilities=[mount(fs="xfs")],
+        capacity_range=csi_pb2.CapacityRange(limit_bytes=XFS_FLOOR),
+    )
+    assert vol.capacity_bytes == XFS_FLOOR
 
 
 def test_create_volume_response_carries_context_topology_and_strips_k8s_keys(env: Env) -> None:
