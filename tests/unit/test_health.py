@@ -53,6 +53,8 @@ def test_get_volume_health_maps_every_status(env: Env) -> None:
     ("volume_id", "code"),
     [
         pytest.param("", Code.INVALID_ARGUMENT, id="no-volume-id"),
+        pytest.param("fv-" + "x" * 197, Code.INVALID_ARGUMENT, id="200-byte-volume-id"),
+        pytest.param("fv-\x01", Code.INVALID_ARGUMENT, id="control-character-in-volume-id"),
         pytest.param("fv-unknown", Code.NOT_FOUND, id="unknown-volume"),
     ],
 )
@@ -137,6 +139,8 @@ def _node_code(node: NodeEnv, **fields: str) -> Code:
     ("fields", "code"),
     [
         pytest.param({"volume_id": ""}, Code.INVALID_ARGUMENT, id="no-volume-id"),
+        pytest.param({"volume_id": "fv-" + "x" * 197}, Code.INVALID_ARGUMENT, id="200-byte-volume-id"),
+        pytest.param({"volume_id": "fv-\x01"}, Code.INVALID_ARGUMENT, id="control-character-in-volume-id"),
         pytest.param({"volume_publish_path": "relative"}, Code.INVALID_ARGUMENT, id="relative-path"),
         pytest.param({"staging_target_path": "/etc/x"}, Code.INVALID_ARGUMENT, id="outside-the-roots"),
         pytest.param({"volume_id": "fv-unknown"}, Code.NOT_FOUND, id="unknown-volume"),

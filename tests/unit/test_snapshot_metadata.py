@@ -142,6 +142,14 @@ def test_allocated(start: Callable[..., Served]) -> None:
     [
         pytest.param({"base_snapshot_id": ""}, grpc.StatusCode.INVALID_ARGUMENT, id="no-base"),
         pytest.param({"target_snapshot_id": ""}, grpc.StatusCode.INVALID_ARGUMENT, id="no-target"),
+        pytest.param(
+            {"base_snapshot_id": "fs-" + "x" * 197}, grpc.StatusCode.INVALID_ARGUMENT, id="200-byte-base"
+        ),
+        pytest.param(
+            {"target_snapshot_id": "fs-\x01"},
+            grpc.StatusCode.INVALID_ARGUMENT,
+            id="control-character-in-target",
+        ),
         pytest.param({"max_results": -1}, grpc.StatusCode.INVALID_ARGUMENT, id="negative-max-results"),
         pytest.param({"starting_offset": -1}, grpc.StatusCode.OUT_OF_RANGE, id="negative-offset"),
         pytest.param({"starting_offset": SIZE + 1}, grpc.StatusCode.OUT_OF_RANGE, id="offset-past-the-end"),
@@ -153,6 +161,23 @@ def test_delta_rejects(start: Callable[..., Served], fields: dict[str, Any], cod
     s = start()
     with pytest.raises(grpc.RpcError) as caught:
         s.delta(**fields)
+    assert caught.value.code() == code
+
+
+@pytest.mark.parametrize(
+    ("snapshot_id", "code"),
+    [
+        pytest.param("", grpc.StatusCode.INVALID_ARGUMENT, id="no-snapshot"),
+        pytest.param("fs-" + "x" * 197, grpc.StatusCode.INVALID_ARGUMENT, id="200-byte-snapshot-id"),
+        pytest.param("fs-\x01", grpc.StatusCode.INVALID_ARGUMENT, id="control-character-in-snapshot-id"),
+        pytest.param("fs-unknown", grpc.StatusCode.NOT_FOUND, id="unknown-snapshot"),
+    ],
+)
+def test_allocated_rejects(start: Callable[..., Served], snapshot_id: str, code: grpc.StatusCode) -> None:
+    s = start()
+    req = csi_pb2.GetMetadataAllocatedRequest(snapshot_id=snapshot_id)
+    with pytest.raises(grpc.RpcError) as caught:
+        list(s.stub.GetMetadataAllocated(req, timeout=30))
     assert caught.value.code() == code
 
 
