@@ -112,6 +112,22 @@ def test_parse(text: str, expected: dict[str, bool]) -> None:
 
 
 @pytest.mark.parametrize(
+    ("value", "expected"),
+    [pytest.param(v, True, id=f"true-{v}") for v in ("1", "t", "T", "TRUE", "true", "True")]
+    + [pytest.param(v, False, id=f"false-{v}") for v in ("0", "f", "F", "FALSE", "false", "False")],
+)
+def test_every_spelling_go_parsebool_accepts(value: str, expected: bool) -> None:
+    """Kubernetes parses gate values with Go's strconv.ParseBool: exactly these twelve spellings."""
+    assert parse_feature_gates(f"CSIMigration={value}") == {"CSIMigration": expected}
+
+
+@pytest.mark.parametrize("value", ["tRUE", "yes", "on", "y", "2", "-1", "FaLsE", "off"])
+def test_spellings_go_parsebool_refuses(value: str) -> None:
+    with pytest.raises(FeatureGateError, match=repr(value)):
+        parse_feature_gates(f"CSIMigration={value}")
+
+
+@pytest.mark.parametrize(
     ("text", "fragments"),
     [
         pytest.param("CSIMigrationFoo=true", ["'CSIMigrationFoo'", "unrecognized"], id="unknown-gate"),
