@@ -18,6 +18,7 @@ from csi import devices
 from csi.devices import DeviceNumbers
 from csi.failures import FailedPreconditionError, NotFoundError, OutOfRangeError, os_failures
 from csi.filesystems import FS_TYPES
+from csi.fshealth import forced_readonly
 from csi.mount import Mounter, OnlineGrowthDenied
 from shim import failpoints
 
@@ -64,7 +65,9 @@ def expand(mounter: Mounter, volume_id: str, device: str, path: str, required: i
         size = _holds(volume_id, devices.device_size(mounted), required)
         if mount.fs_type not in FS_TYPES:
             raise FailedPreconditionError(f"cannot grow a {mount.fs_type} filesystem")
-        if mount.readonly or "ro" in mount.super_options:
+        # the superblock too: an ext4 that errors=remount-ro made read-only shows `ro`, or on newer
+        # kernels `emergency_ro`, in its super options while the mount itself still says rw
+        if mount.readonly or forced_readonly(mount):
             raise FailedPreconditionError(f"{path} is mounted read-only; the filesystem cannot grow")
         try:
             mounter.grow(mounted, path, mount.fs_type)

@@ -84,6 +84,31 @@ def test_ext4_remounted_read_only_after_errors_is_degraded(node_env: NodeEnv) ->
     assert reasons == ["FilesystemErrors", "FilesystemReadOnly"]
 
 
+def test_expanding_an_ext4_that_remounted_itself_read_only_is_failed_precondition(node_env: NodeEnv) -> None:
+    """The bind mount at the target still says rw; the superblock says ro. Growing is refused for what it
+    is, before resize2fs is asked."""
+    vol = node_env.volume()
+    cap = mount_cap("ext4", flags=("errors=remount-ro",))
+    node_env.stage(vol, cap)
+    node_env.publish(vol, cap)
+    node_env.driver.backend.expand_volume(vol.id, 128 * MiB)
+    name = device_name(rdev(_device_of(vol.staging)))
+    with open(f"/sys/fs/ext4/{name}/trigger_fs_error", "w") as knob:
+        knob.write("ballast expand test\n")
+    request = csi_pb2.NodeExpandVolumeRequest(
+        volume_id=vol.id,
+        volume_path=vol.target,
+        capacity_range=csi_pb2.CapacityRange(required_bytes=128 * MiB),
+        volume_capability=cap,
+    )
+    assert_code(
+        node_env.client.node.NodeExpandVolume,
+        request,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        contains=f"{vol.target} is mounted read-only; the filesystem cannot grow",
+    )
+
+
 def test_an_xfs_shut_down_is_inaccessible(node_env: NodeEnv) -> None:
     xfs_io = require_tool("xfs_io")
     require_tool("mkfs.xfs")

@@ -384,6 +384,51 @@ def test_stats_of_a_path_that_is_not_the_volume_is_not_found(node_env: NodeEnv) 
     assert_code(node_env.client.node.NodeGetVolumeStats, missing, grpc.StatusCode.NOT_FOUND)
 
 
+def test_stats_of_a_block_path_that_is_another_volumes_device_is_not_found(node_env: NodeEnv) -> None:
+    mine, other = node_env.volume(32 * MiB), node_env.volume(48 * MiB)
+    cap = block_cap()
+    for vol in (mine, other):
+        node_env.stage(vol, cap)
+        node_env.publish(vol, cap)
+    assert [(u.unit, u.total) for u in _stats(node_env, mine.id, mine.target).usage] == [
+        (Usage.BYTES, 32 * MiB)
+    ]
+    request = csi_pb2.NodeGetVolumeStatsRequest(volume_id=mine.id, volume_path=other.target)
+    assert_code(
+        node_env.client.node.NodeGetVolumeStats,
+        request,
+        grpc.StatusCode.NOT_FOUND,
+        contains=f"is not the device of volume {mine.id}",
+    )
+
+
+@pytest.mark.parametrize(
+    ("above", "code"),
+    [
+        pytest.param(0, grpc.StatusCode.OK, id="required-exactly-the-device-size"),
+        pytest.param(1, grpc.StatusCode.OUT_OF_RANGE, id="required-one-byte-above-it"),
+    ],
+)
+def test_node_expand_needs_a_device_holding_required_bytes(
+    node_env: NodeEnv, above: int, code: grpc.StatusCode
+) -> None:
+    vol = node_env.volume(32 * MiB)
+    cap = block_cap()
+    node_env.stage(vol, cap)
+    node_env.publish(vol, cap)
+    request = csi_pb2.NodeExpandVolumeRequest(
+        volume_id=vol.id,
+        volume_path=vol.target,
+        capacity_range=csi_pb2.CapacityRange(required_bytes=32 * MiB + above),
+        volume_capability=cap,
+    )
+    if code == grpc.StatusCode.OK:
+        assert node_env.client.node.NodeExpandVolume(request, timeout=60).capacity_bytes == 32 * MiB
+    else:
+        message = assert_code(node_env.client.node.NodeExpandVolume, request, code)
+        assert f"holds {32 * MiB} bytes, less than the requested {32 * MiB + 1}" in message
+
+
 def test_unpublish_and_unstage_of_never_mounted_paths_are_ok(node_env: NodeEnv) -> None:
     vol = node_env.volume()
     node_env.unpublish(vol)
