@@ -76,7 +76,7 @@ def test_several_keys_are_taken_in_sorted_order_whatever_order_they_are_named_in
             pass
 
     with locks.hold("x"):
-        x = locks._entries["x"].lock
+        x: object = locks._entries["x"].lock
         both = threading.Thread(target=take_both, name="both", daemon=True)
         with tried:
             both.start()

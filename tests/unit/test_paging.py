@@ -32,7 +32,8 @@ def test_seek_page(max_entries: int, token: str, items: str, next_token: str) ->
 
 
 def test_every_item_once_over_pages_that_end_exactly_at_the_last_one() -> None:
-    seen, token = [], ""
+    seen: list[str] = []
+    token = ""
     for _ in range(len(ITEMS)):
         page = seek_page(ITEMS, _same, 1, token)
         seen += page.items
