@@ -77,6 +77,21 @@ def client_error(code: str) -> ClientError:
             "IncorrectModificationState", failures.TransientError, grpc.StatusCode.UNAVAILABLE, id="modifying"
         ),
         pytest.param("InvalidNextToken", failures.InvalidTokenError, grpc.StatusCode.ABORTED, id="token"),
+        pytest.param(  # a well-formed but foreign id: DeleteVolume of it must still answer OK
+            "InvalidVolumeID.Malformed", failures.NotFoundError, grpc.StatusCode.NOT_FOUND, id="malformed-id"
+        ),
+        pytest.param(  # publish to a node in another zone
+            "InvalidVolume.ZoneMismatch",
+            failures.FailedPreconditionError,
+            grpc.StatusCode.FAILED_PRECONDITION,
+            id="zone-mismatch",
+        ),
+        pytest.param(  # RESOURCE_EXHAUSTED makes the external-provisioner reschedule with other topology
+            "InvalidZone.NotFound",
+            failures.OutOfCapacityError,
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            id="zone-gone",
+        ),
         pytest.param(
             "UnsupportedOperation",
             failures.InvalidParameterError,
