@@ -200,3 +200,29 @@ def test_snapshot_diff_prints_the_ranges(snapshots: Snapshots) -> None:
         [*argv[:2], "snap-missing", snapshots.target, *argv[4:]], capture_output=True, text=True, timeout=120
     )
     assert failed.returncode == 1 and "NOT_FOUND" in failed.stderr and failed.stdout == ""
+
+
+def test_an_io_error_on_the_data_dir_is_internal_not_a_missing_file(tmp_path: Path) -> None:
+    """The data dir's xfs shut down (as after a metadata I/O error): every stat and open of a snapshot
+    file fails with EIO while the file is still there. That is a failed read (INTERNAL, retry once the
+    filesystem is back), never FAILED_PRECONDITION "the file ... is missing"."""
+    (tmp_path / "fs").mkdir()
+    with (
+        loop_filesystem(tmp_path / "fs", "xfs", 400 * MiB, ["-m", "reflink=1"]) as mnt,
+        running_node_env(tmp_path / "node", data_dir=mnt / "data") as env,
+    ):
+        vol = env.volume(size=SIZE)
+        base, target = (_snapshot(env, name, vol.id, True) for name in ("base", "target"))
+        stub = csi_pb2_grpc.SnapshotMetadataStub(env.client.channel)
+        subprocess.run(["xfs_io", "-x", "-c", "shutdown", str(mnt)], check=True)
+        for call, request in [
+            (stub.GetMetadataAllocated, csi_pb2.GetMetadataAllocatedRequest(snapshot_id=target)),
+            (
+                stub.GetMetadataDelta,
+                csi_pb2.GetMetadataDeltaRequest(base_snapshot_id=base, target_snapshot_id=target),
+            ),
+        ]:
+            with pytest.raises(grpc.RpcError) as failed:
+                list(call(request, timeout=60))
+            assert failed.value.code() == grpc.StatusCode.INTERNAL, failed.value.details()
+            assert "missing" not in (failed.value.details() or "")

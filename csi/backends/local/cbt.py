@@ -71,8 +71,12 @@ class LocalBlocks:
             raise OutOfRangeError(
                 f"starting_offset {start} is past the end of snapshot {snapshot_id} ({row.size} bytes)"
             )
-        if not os.path.exists(path):
-            raise FailedPreconditionError(f"the file of snapshot {snapshot_id} ({path}) is missing")
+        try:
+            os.stat(path)
+        except FileNotFoundError as exc:
+            raise FailedPreconditionError(f"the file of snapshot {snapshot_id} ({path}) is missing") from exc
+        except OSError as exc:  # EIO and the like: the file is there, but the data dir fails to read it
+            raise DriverError(f"reading snapshot {snapshot_id} failed: {exc.strerror or exc}; retry") from exc
         return row, path
 
     def allocated(self, snapshot_id: str, start: int, block: int) -> BlockMap:

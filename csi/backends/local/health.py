@@ -203,8 +203,16 @@ def run_clear_health(data_dir: str, volume_ids: Sequence[str]) -> int:
     """`ballast-csi clear-health`: drop the health marks of volumes whose data an operator checked.
     Safe while the driver runs (the state database is shared). Exit 1 when a volume is unknown."""
     layout = Layout(data_dir)
-    if not os.path.exists(layout.state_db):
-        print(f"ballast-csi: no state database in {data_dir}", file=sys.stderr)
+    try:
+        os.stat(layout.state_db)
+    except OSError as exc:  # absent, or there but unreadable (EIO): not the same advice
+        missing = isinstance(exc, FileNotFoundError)
+        print(
+            f"ballast-csi: no state database in {data_dir}"
+            if missing
+            else f"ballast-csi: cannot read {layout.state_db}: {exc.strerror or exc}",
+            file=sys.stderr,
+        )
         return 1
     store = Store(layout.state_db)
     status = 0

@@ -61,8 +61,11 @@ class Salvage:
 def salvage(db: str) -> Salvage:
     """Read what can be read from a (possibly corrupt) database, one table at a time."""
     out = Salvage()
-    if not os.path.exists(db) or os.path.getsize(db) == 0:
-        return out
+    try:
+        if os.stat(db).st_size == 0:
+            return out
+    except FileNotFoundError:
+        return out  # any other OSError (EIO): the old rows may be there; stop, and rebuild nothing
     try:
         con = open_read_only(db, timeout=5.0)
     except sqlite3.Error as exc:
@@ -85,12 +88,22 @@ def salvage(db: str) -> Salvage:
     return out
 
 
+def _present(path: str) -> bool:
+    """Whether `path` exists (as os.path.lexists), but an error other than its absence (EIO) is raised:
+    a journal that cannot be looked at is not one that is not there."""
+    try:
+        os.lstat(path)
+    except FileNotFoundError:
+        return False
+    return True
+
+
 def _free_name(db: str, stamp: str) -> str:
     """`<db>.broken-<stamp>`, with `-2`, `-3`... while that name (or its -wal/-shm) is taken."""
     n = 1
     while True:
         name = f"{db}.broken-{stamp}" + (f"-{n}" if n > 1 else "")
-        if not any(os.path.lexists(name + side) for side in ("", *SIDE_FILES)):
+        if not any(_present(name + side) for side in ("", *SIDE_FILES)):
             return name
         n += 1
 
@@ -99,7 +112,7 @@ def _keep(path: str, target: str) -> None:
     """Give `path` the name `target` as well (a hard link, which never replaces an entry), leaving it in
     place; a directory, which cannot be linked, is renamed (`target` was checked free under the lock)."""
     if os.path.isdir(path) and not os.path.islink(path):
-        if os.path.lexists(target):
+        if _present(target):
             raise FileExistsError(f"{target} exists")
         os.rename(path, target)
     else:
@@ -111,7 +124,7 @@ def _replace(layout: Layout, stamp: str) -> str | None:
     file first: without it the driver refuses to start) and rename the complete `state.db.new` into
     place. Returns the kept name of the old database, None when there was none."""
     db = layout.state_db
-    present = [side for side in ("", *SIDE_FILES) if os.path.lexists(db + side)]
+    present = [side for side in ("", *SIDE_FILES) if _present(db + side)]
     kept = _free_name(db, stamp)
     for side in present:
         _keep(db + side, kept + side)
@@ -189,7 +202,7 @@ def _rebuild(layout: Layout, now: Callable[[], float]) -> Report:
     _discard(layout.building_db)  # what a run killed while building left; ours, never the old database
     # no state.db but a complete state.db.new: a run was cut between removing the old database and
     # renaming its new one into place, and the rows to keep are in the new one
-    source = layout.state_db if os.path.lexists(layout.state_db) else layout.rebuilt_db
+    source = layout.state_db if _present(layout.state_db) else layout.rebuilt_db
     old = salvage(source)
     report = Report(read_from=source, problems=list(old.problems))
     try:
