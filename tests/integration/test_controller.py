@@ -163,6 +163,18 @@ def test_full_controller_journey(driver: Driver, client: CsiClient) -> None:
             id="foreign-token",
         ),
         pytest.param(
+            "ListVolumes",
+            csi_pb2.ListVolumesRequest(starting_token="lvt-99999"),
+            Code.ABORTED,
+            id="volume-token-never-issued",
+        ),
+        pytest.param(
+            "ListSnapshots",
+            csi_pb2.ListSnapshotsRequest(starting_token="lst-99999"),
+            Code.ABORTED,
+            id="snapshot-token-never-issued",
+        ),
+        pytest.param(
             "CreateVolume",
             csi_pb2.CreateVolumeRequest(name="v", volume_capabilities=[MOUNT], parameters={"shiny": "yes"}),
             Code.INVALID_ARGUMENT,
@@ -214,6 +226,21 @@ def test_concurrent_duplicate_creates_make_one_volume(driver: Driver, client: Cs
         ids = {i for i in pool.map(attempt, range(32)) if i}
     assert len(ids) == 1
     assert driver.files("volumes") == [f"{ids.pop()}.img"]
+
+
+def test_a_token_stays_valid_after_its_volumes_are_deleted(client: CsiClient) -> None:
+    """A token names the last volume of its page, which may be deleted before the next call: it still
+    continues the listing (from the volumes after it), while one past every seq issued is ABORTED."""
+    c = client.controller
+    vols = [create(client, f"pvc-{i}") for i in range(3)]
+    token = c.ListVolumes(csi_pb2.ListVolumesRequest(max_entries=2)).next_token
+    for v in vols[:2]:
+        c.DeleteVolume(csi_pb2.DeleteVolumeRequest(volume_id=v.volume_id))
+    rest = c.ListVolumes(csi_pb2.ListVolumesRequest(starting_token=token))
+    assert [e.volume.volume_id for e in rest.entries] == [vols[2].volume_id]
+    c.DeleteVolume(csi_pb2.DeleteVolumeRequest(volume_id=vols[2].volume_id))
+    assert not c.ListVolumes(csi_pb2.ListVolumesRequest(starting_token="lvt-3")).entries
+    assert_code(c.ListVolumes, csi_pb2.ListVolumesRequest(starting_token="lvt-4"), Code.ABORTED)
 
 
 HERE = csi_pb2.Topology(segments={"topology.kubernetes.io/zone": "local"})  # the driver's default zone

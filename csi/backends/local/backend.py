@@ -296,7 +296,7 @@ class LocalBackend(LocalReporting, SnapshotOperations, Backend):
         return self._disk(self._row(volume_id))
 
     def list_volumes(self, max_entries: int = 0, starting_token: str = "") -> Page[Disk]:
-        after = page_start(starting_token, VOLUME_TOKEN)
+        after = page_start(starting_token, VOLUME_TOKEN, lambda: self.store.issued("volumes"))
         rows = self.store.volumes(after, max_entries + 1 if max_entries else -1)
         more = bool(max_entries) and len(rows) > max_entries
         rows = rows[:max_entries] if max_entries else rows

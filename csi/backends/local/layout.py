@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 
 from csi.backends.local import ownership
 from csi.failures import InvalidTokenError, NotFoundError
@@ -100,12 +101,13 @@ class Layout:
         return image.removesuffix(IMAGE_SUFFIX)
 
 
-def page_start(token: str, pattern: re.Pattern[str]) -> int:
-    """The `seq` a paging token continues after (0 for no token); a token we did not issue ->
-    InvalidTokenError."""
+def page_start(token: str, pattern: re.Pattern[str], issued: Callable[[], int]) -> int:
+    """The `seq` a paging token continues after (0 for no token); a token we did not issue (not of
+    `pattern`, or past `issued()`, the highest seq the table ever gave) -> InvalidTokenError (ABORTED,
+    as the spec has it: "Indicates that `starting_token` is not valid")."""
     if not token:
         return 0
     m = pattern.fullmatch(token)
-    if m is None:
+    if m is None or int(m.group(1)) > issued():
         raise InvalidTokenError(f"starting_token {token!r} was not issued by this driver")
     return int(m.group(1))

@@ -228,7 +228,7 @@ class LocalSnapshots:
     def page(
         self, snapshot_id: str, source_volume_id: str, max_entries: int, starting_token: str
     ) -> Page[Snapshot]:
-        after = page_start(starting_token, SNAPSHOT_TOKEN)
+        after = page_start(starting_token, SNAPSHOT_TOKEN, lambda: self._store.issued("snapshots"))
         if (snapshot_id and not SNAPSHOT_ID.fullmatch(snapshot_id)) or (
             source_volume_id and not VOLUME_ID.fullmatch(source_volume_id)
         ):

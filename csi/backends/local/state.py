@@ -137,9 +137,12 @@ class Store:
         with self._lock:
             return self._db.execute(sql, tuple(args)).fetchall()
 
-    def query(self, sql: str, args: Sequence[Any] = ()) -> list[sqlite3.Row]:
-        """One read statement, for the modules that keep their own tables here (health.py)."""
-        return self._read(sql, args)
+    query = _read  # one read statement, for the modules that keep their own tables here (health.py)
+
+    def issued(self, table: str) -> int:
+        """The highest `seq` `table` ever gave a row (deleted rows' too): no paging token names more."""
+        rows = self._read("SELECT seq FROM sqlite_sequence WHERE name = ?", (table,))
+        return int(rows[0]["seq"]) if rows else 0
 
     # ---- volumes
 
