@@ -15,9 +15,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
 import pytest
 
-from csi._proto import csi_pb2
+from csi._proto import csi_pb2, csi_pb2_grpc
 from csi.backends.base import DiskOptions
 from csi.backends.local import LocalBackend
 from csi.backends.local.layout import Layout
@@ -203,6 +204,35 @@ def test_refuses_to_start_then_recover_state_restores_every_volume(
     with open(data / "volumes" / f"{restored.volume_id}.img", "rb") as f:
         assert f.read(len(b"user data of pvc-0")) == b"user data of pvc-0"
     assert {k: v for k, v in digests(data).items() if restored.volume_id not in k} == s.digests
+
+
+def test_a_delta_refuses_snapshots_whose_source_recover_state_could_not_give(tmp_path: Path) -> None:
+    """With the old database unreadable no snapshot's source volume is known after the rebuild. Spec:
+    target_snapshot_id names "a second snapshot in the same volume", so GetMetadataDelta cannot be
+    answered for them (never with made-up ranges between two volumes); GetMetadataAllocated can."""
+    data = tmp_path / "data"
+    s = seed(data)
+    damage(data, _garbage)
+    rec = recover(data)
+    assert rec.returncode == 0, rec.stderr
+    assert "3 snapshot(s) whose source volume is unknown" in rec.stdout
+    with running_driver(tmp_path, "--mode", "controller", data_dir=data) as d:
+        c = connect(d.endpoint)
+        try:
+            listed = c.controller.ListSnapshots(csi_pb2.ListSnapshotsRequest()).entries
+            assert {e.snapshot.source_volume_id for e in listed} == {""}
+            one, other = sorted({e.snapshot.snapshot_id for e in listed} - {s.snapshot})  # pvc-1, pvc-2
+            metadata = csi_pb2_grpc.SnapshotMetadataStub(c.channel)
+            for base, target in ((one, other), (other, one), (s.snapshot, one)):
+                delta = csi_pb2.GetMetadataDeltaRequest(base_snapshot_id=base, target_snapshot_id=target)
+                with pytest.raises(grpc.RpcError) as refused:
+                    list(metadata.GetMetadataDelta(delta, timeout=30))
+                assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION, refused.value.details()
+                assert "recover-state" in (refused.value.details() or "")
+            allocated = csi_pb2.GetMetadataAllocatedRequest(snapshot_id=s.snapshot)
+            assert list(metadata.GetMetadataAllocated(allocated, timeout=30))
+        finally:
+            c.close()
 
 
 def test_recover_state_on_a_healthy_database_loses_nothing(tmp_path: Path) -> None:

@@ -95,6 +95,12 @@ class LocalBlocks:
             raise InvalidParameterError("base_snapshot_id and target_snapshot_id name the same snapshot")
         base, base_path = self._snapshot(base_id, 0)
         target, target_path = self._snapshot(target_id, start)
+        unknown = [row.id for row in (base, target) if not row.source_volume_id]
+        if unknown:  # spec: the target is "a second snapshot in the same volume", which cannot be told
+            raise FailedPreconditionError(
+                f"the source volume of snapshot(s) {', '.join(unknown)} is unknown: recover-state rebuilt "
+                "the state database without their record, and a delta compares two snapshots of one volume"
+            )
         if base.source_volume_id != target.source_volume_id:
             raise InvalidParameterError(
                 f"snapshots {base_id} and {target_id} are of different volumes ({base.source_volume_id}, "

@@ -173,6 +173,7 @@ class Report:
     volumes: int = 0
     named: int = 0
     snapshots: int = 0
+    sourceless: int = 0  # snapshots whose source volume the old database could no longer give
     groups: int = 0
     attachments: int = 0
     marks: int = 0
@@ -300,6 +301,7 @@ def _recover_snapshots(
             float(r.get("created") or st.st_mtime),
             str(r.get("group_id") or ""),
         )
+    report.sourceless = sum(not s.source_volume_id for s in rows.values())
     grouped = {s.id for s in rows.values() if s.group_id in old.groups}
     for gid, g in old.groups.items():
         members = [s for s in rows.values() if s.group_id == gid]
@@ -345,6 +347,12 @@ def run_recover(data_dir: str, out: TextIO = sys.stdout) -> int:
         f"{r.attachments} attachment(s)",
         file=out,
     )
+    if r.sourceless:
+        print(
+            f"{r.sourceless} snapshot(s) whose source volume is unknown: they restore as before, but list "
+            "without a source_volume_id and GetMetadataDelta refuses them",
+            file=out,
+        )
     if r.marks:
         print(f"kept {r.marks} health mark(s): `ballast-csi clear-health` clears one once checked", file=out)
     if r.read_from != db:
