@@ -173,12 +173,21 @@ def check_capabilities(caps: Iterable[csi_pb2.VolumeCapability], field: str = "v
         check_capability(cap, f"{field}[{i}]")
 
 
+def check_not_negative(cr: csi_pb2.CapacityRange) -> None:
+    """A negative required_bytes or limit_bytes is no size at all -> INVALID_ARGUMENT, before anything
+    compares it with a size (which would answer OUT_OF_RANGE about a bound nobody can ask for)."""
+    for field in ("required_bytes", "limit_bytes"):
+        if getattr(cr, field) < 0:
+            raise InvalidParameterError(
+                f"capacity_range.{field} must not be negative, got {getattr(cr, field)}"
+            )
+
+
 def capacity_bytes(cr: csi_pb2.CapacityRange, *, default: int, granularity: int, minimum: int = 0) -> int:
     """Bytes to provision for a CapacityRange: at least required_bytes rounded up to `granularity`,
     never above limit_bytes. Neither set -> `default`. Spec: unsatisfiable -> OUT_OF_RANGE."""
+    check_not_negative(cr)
     required, limit = cr.required_bytes, cr.limit_bytes
-    if required < 0 or limit < 0:
-        raise OutOfRangeError("capacity_range values must not be negative")
     if limit and required > limit:
         raise OutOfRangeError(f"required_bytes {required} is larger than limit_bytes {limit}")
     want = required or (min(default, limit) if limit else default)
@@ -206,6 +215,7 @@ def filesystem_floor(
     """The least size a volume mounted with `caps` may have, for the filesystem each mount capability
     would get on the node (0 for block access): a volume its mkfs refuses could never be staged. A
     limit_bytes below it -> OUT_OF_RANGE naming the filesystem."""
+    check_not_negative(cr)
     wanted = (requested_fs_type(fs, context) or DEFAULT_FS_TYPE for fs in _mounts(caps))
     floor, fs = max(((MIN_DEVICE_BYTES.get(f, 0), f) for f in wanted), default=(0, ""))
     if cr.limit_bytes and cr.limit_bytes < floor:

@@ -214,6 +214,88 @@ def test_error_codes_over_the_wire(
     assert not (driver.data_dir.parent / "etc").exists()
 
 
+EXT4 = csi_pb2.VolumeCapability(
+    mount=csi_pb2.VolumeCapability.MountVolume(fs_type="ext4"), access_mode=AM(mode=AM.SINGLE_NODE_WRITER)
+)
+
+
+@pytest.mark.parametrize(
+    ("rpc", "fields", "contains"),
+    [
+        pytest.param(
+            "CreateVolume",
+            {"capacity_range": csi_pb2.CapacityRange(required_bytes=GiB, limit_bytes=-5)},
+            "capacity_range.limit_bytes must not be negative",
+            id="negative-limit",
+        ),
+        pytest.param(
+            "CreateVolume",
+            {"capacity_range": csi_pb2.CapacityRange(required_bytes=-1)},
+            "capacity_range.required_bytes must not be negative",
+            id="negative-required",
+        ),
+        pytest.param("CreateVolume", {"parameters": {"": "v"}}, "local backend: ''", id="empty-key"),
+        pytest.param(
+            "CreateVolume",
+            {"parameters": {"a\nb\x00": "v"}},
+            r"local backend: 'a\nb\x00'",
+            id="newline-nul-key",
+        ),
+        pytest.param(
+            "CreateSnapshot",
+            {"parameters": {"\n": "v"}},
+            r"snapshot parameter(s) for the local backend: '\n'",
+            id="snapshot-key",
+        ),
+        pytest.param(
+            "CreateVolumeGroupSnapshot",
+            {"parameters": {"": "v"}},
+            "group snapshot parameter(s) for the local backend: ''",
+            id="group-key",
+        ),
+    ],
+)
+def test_a_refusal_says_what_to_fix(
+    client: CsiClient, rpc: str, fields: dict[str, object], contains: str
+) -> None:
+    vid = create(client, "source").volume_id
+    request = {
+        "CreateVolume": lambda: csi_pb2.CreateVolumeRequest(name="v", volume_capabilities=[EXT4], **fields),
+        "CreateSnapshot": lambda: csi_pb2.CreateSnapshotRequest(name="s", source_volume_id=vid, **fields),
+        "CreateVolumeGroupSnapshot": lambda: csi_pb2.CreateVolumeGroupSnapshotRequest(
+            name="g", source_volume_ids=[vid], **fields
+        ),
+    }[rpc]()
+    stub = client.group if rpc == "CreateVolumeGroupSnapshot" else client.controller
+    message = assert_code(getattr(stub, rpc), request, Code.INVALID_ARGUMENT, contains=contains)
+    assert "\n" not in message and "\x00" not in message
+
+
+def test_a_repeated_create_names_what_differs_in_request_terms(client: CsiClient) -> None:
+    create(client, "pvc", parameters={"csi.storage.k8s.io/fstype": "ext4"})
+    multi = csi_pb2.VolumeCapability(
+        block=csi_pb2.VolumeCapability.BlockVolume(), access_mode=AM(mode=AM.MULTI_NODE_MULTI_WRITER)
+    )
+    for kw, says in [
+        (
+            {"cap": multi, "parameters": {"csi.storage.k8s.io/fstype": "ext4"}},
+            "asks for a multi-node access mode",
+        ),
+        (
+            {"parameters": {"csi.storage.k8s.io/fstype": "xfs"}},
+            "asks for fs type 'xfs' (the volume was made with 'ext4')",
+        ),
+        (
+            {"parameters": {"csi.storage.k8s.io/fstype": "ext4", "blockSize": "4096"}},
+            "parameter 'blockSize' '4096'",
+        ),
+    ]:
+        with pytest.raises(grpc.RpcError) as refused:
+            create(client, "pvc", size=300 * MiB, **kw)
+        assert refused.value.code() == Code.ALREADY_EXISTS
+        assert says in (refused.value.details() or ""), refused.value.details()
+
+
 def test_concurrent_duplicate_creates_make_one_volume(driver: Driver, client: CsiClient) -> None:
     def attempt(_: int) -> str:
         try:

@@ -24,11 +24,16 @@ MUTABLE_PARAMETERS: dict[str, values.Parser] = {
 
 def validate(parameters: Mapping[str, str]) -> dict[str, str]:
     """StorageClass parameters: the local backend takes none of its own."""
-    if parameters:
-        raise InvalidParameterError(
-            f"unknown parameter(s) for the local backend: {', '.join(sorted(parameters))}"
-        )
+    unknown("", parameters)
     return {}
+
+
+def unknown(what: str, parameters: Mapping[str, str]) -> None:
+    """Any of `parameters` -> InvalidParameterError naming each key quoted (an empty key, or one holding
+    a newline or NUL, stays readable and cannot forge the rest of the message)."""
+    if parameters:
+        listed = ", ".join(repr(k) for k in sorted(parameters))
+        raise InvalidParameterError(f"unknown {what}parameter(s) for the local backend: {listed}")
 
 
 def validate_mutable(parameters: Mapping[str, str]) -> dict[str, str]:

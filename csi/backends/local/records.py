@@ -28,15 +28,51 @@ def spec(options: DiskOptions) -> dict[str, Any]:
 def check_same(row: VolumeRow, wanted: dict[str, Any], options: DiskOptions) -> None:
     """A second create of the name must ask for what the first did, its size aside, which only has to
     fit the request (size_fits: the volume's size now, or with no range the size it was made with);
-    AlreadyExistsError otherwise."""
+    AlreadyExistsError otherwise, naming in request terms what this request asks differently."""
     size = row.size if options.size_range is not None else row.spec.get("size", row.size)
-    differs = sorted(k for k in wanted if k != "size" and row.spec.get(k) != wanted[k])
+    differs = [
+        _asked(k, row.spec.get(k), wanted[k])
+        for k in sorted(wanted)
+        if k != "size" and row.spec.get(k) != wanted[k]
+    ]
     if not size_fits(size, options):
-        differs.append(f"size ({row.size} bytes)")
+        differs.append(f"a capacity_range that a volume of {row.size} bytes does not fit")
     if differs:
         raise AlreadyExistsError(
-            f"volume {row.name!r} already exists ({row.id}) with a different {', '.join(differs)}"
+            f"volume {row.name!r} already exists ({row.id}), but this request asks for {'; '.join(differs)}; "
+            "repeat the request it was made with, or choose another name"
         )
+
+
+def _asked(key: str, theirs: Any, ours: Any) -> str:
+    """What the request asks for that the volume was not made with (a `spec` entry, in request terms)."""
+    if key == "multi_node":
+        return (
+            "a multi-node access mode (the volume was made for single-node access only)"
+            if ours
+            else "single-node access only (the volume was made for a multi-node access mode)"
+        )
+    if key == "source":
+        made = f"from {theirs[0]} {theirs[1]}" if theirs else "empty"
+        return f"another volume_content_source (the volume was made {made})"
+    if key == "context":  # the fs type and mkfs parameters, from the request's parameters
+        theirs, ours = theirs or {}, ours or {}
+        names = sorted(k for k in {*theirs, *ours} if theirs.get(k) != ours.get(k))
+        return "; ".join(
+            f"{'fs type' if k == keys.VC_FS_TYPE else 'parameter ' + repr(k)} {_value(ours, k)} "
+            f"(the volume was made with {_value(theirs, k)})"
+            for k in names
+        )
+    field = {"parameters": "parameters", "mutable": "mutable_parameters"}.get(key, key)
+    return f"other {field} ({_items(ours)}; the volume was made with {_items(theirs or {})})"
+
+
+def _value(values: Mapping[str, str], key: str) -> str:
+    return repr(values[key]) if key in values else "none"
+
+
+def _items(values: Mapping[str, str]) -> str:
+    return ", ".join(f"{k!r}: {v!r}" for k, v in sorted(values.items())) or "none"
 
 
 def to_disk(

@@ -26,7 +26,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 
 from csi.backends.base import EMPTY, GroupSnapshot, Page, Snapshot
-from csi.backends.local import files
+from csi.backends.local import files, params
 from csi.backends.local.layout import (
     GROUP_ID,
     GROUP_PREFIX,
@@ -60,20 +60,13 @@ REMEDY = {  # what makes a copy crash-consistent that is not
 }
 
 
-def _no_parameters(what: str, parameters: Mapping[str, str]) -> None:
-    if parameters:
-        raise InvalidParameterError(
-            f"unknown {what} parameter(s) for the local backend: {', '.join(sorted(parameters))}"
-        )
-
-
 def _consistency(what: str, parameters: Mapping[str, str]) -> dict[str, str]:
     """The one parameter of snapshots and group snapshots, normalised: `consistency` is `crash` (the
     default: refuse a snapshot that would not be crash-consistent) or `best-effort` (take it anyway).
     Any other key or value -> InvalidParameterError."""
     rest = dict(parameters)
     value = rest.pop(CONSISTENCY, CRASH)
-    _no_parameters(what, rest)
+    params.unknown(f"{what} ", rest)
     if value not in (CRASH, BEST_EFFORT):
         raise InvalidParameterError(f"{what} parameter {CONSISTENCY} must be {CRASH} or {BEST_EFFORT}")
     return {CONSISTENCY: value}
