@@ -7,10 +7,11 @@ safe to place in an argv list (they never reach a shell).
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping, Sequence
 
-from csi import keys
+from csi import keys, mkfs_limits
 from csi.failures import InvalidParameterError
 from csi.values import Parser, boolean, checked, power_of_two, whole
 
@@ -232,17 +233,19 @@ def split_flags(flags: Sequence[str]) -> tuple[int, int, list[str]]:
 
 # ---------------------------------------------------------------------------- mkfs options
 
-# Format option (keys.FORMAT_KEYS) -> (mkfs flag, value prefix, parser), in argv order.
+# Format option (keys.FORMAT_KEYS) -> (mkfs flag, value prefix, parser), in argv order. The ranges are
+# what the programs take on their own; what they refuse in combination is csi.mkfs_limits'.
 MkfsTable = dict[str, tuple[str, str, Parser]]
-_XFS_MKFS: MkfsTable = {
-    keys.BLOCK_SIZE: ("-b", "size=", power_of_two(512, 65536)),
-    keys.INODE_SIZE: ("-i", "size=", power_of_two(256, 2048)),
+_XFS_MKFS: MkfsTable = {  # mkfs.xfs makes CRC-enabled (v5) filesystems: no 512-byte blocks, 256-byte inodes
+    keys.BLOCK_SIZE: ("-b", "size=", power_of_two(1024, 65536)),
+    keys.INODE_SIZE: ("-i", "size=", power_of_two(512, 2048)),
 }
+PAGE_SIZE = max(os.sysconf("SC_PAGE_SIZE"), 1024)  # mke2fs refuses ext blocks larger than a page
 _EXT_MKFS: MkfsTable = {
-    keys.BLOCK_SIZE: ("-b", "", power_of_two(1024, 65536)),
+    keys.BLOCK_SIZE: ("-b", "", power_of_two(1024, PAGE_SIZE)),
     keys.INODE_SIZE: ("-I", "", power_of_two(128, 4096)),
     keys.BYTES_PER_INODE: ("-i", "", whole(1024, 64 * 1024**2)),
-    keys.NUMBER_OF_INODES: ("-N", "", whole(1, 2**32 - 1)),
+    keys.NUMBER_OF_INODES: ("-N", "", whole(mkfs_limits.MIN_INODES, 2**32 - 1)),
 }
 _EXT4_CLUSTER: MkfsTable = {keys.EXT4_CLUSTER_SIZE: ("-C", "", power_of_two(1024, 2**29))}
 
@@ -286,7 +289,9 @@ def mkfs_argv(
         bad = sorted(set(opts) - set(_XFS_MKFS))
         if bad:
             raise InvalidParameterError(f"{what}(s) {', '.join(bad)} do not apply to xfs")
-        return ["mkfs.xfs", "-q", *extra, *_mkfs_flags(opts, _XFS_MKFS, f"xfs {what}"), device]
+        flags = _mkfs_flags(opts, _XFS_MKFS, f"xfs {what}")
+        mkfs_limits.check_xfs(opts, what)
+        return ["mkfs.xfs", "-q", *extra, *flags, device]
     bigalloc = checked(boolean, keys.EXT4_BIGALLOC, opts.get(keys.EXT4_BIGALLOC, "false"), what)
     cluster = keys.EXT4_CLUSTER_SIZE in opts
     if (bigalloc == "true" or cluster) and fs_type != "ext4":
@@ -295,16 +300,11 @@ def mkfs_argv(
         )
     if cluster and bigalloc != "true":
         raise InvalidParameterError(f"{what} {keys.EXT4_CLUSTER_SIZE} needs {keys.EXT4_BIGALLOC}=true")
+    flags = _mkfs_flags(opts, _EXT_MKFS, f"{fs_type} {what}")
+    cluster_flags = _mkfs_flags(opts, _EXT4_CLUSTER, f"{fs_type} {what}")
+    mkfs_limits.check_ext(opts, f"{fs_type} {what}")
     bigalloc_flags = ["-O", "bigalloc"] if bigalloc == "true" else []
-    return [
-        f"mkfs.{fs_type}",
-        "-q",
-        *extra,
-        *_mkfs_flags(opts, _EXT_MKFS, f"{fs_type} {what}"),
-        *bigalloc_flags,
-        *_mkfs_flags(opts, _EXT4_CLUSTER, f"{fs_type} {what}"),
-        device,
-    ]
+    return [f"mkfs.{fs_type}", "-q", *extra, *flags, *bigalloc_flags, *cluster_flags, device]
 
 
 def _mkfs_flags(opts: Mapping[str, str], table: MkfsTable, what: str) -> list[str]:

@@ -22,9 +22,14 @@ VOLUMESNAPSHOT_CONTENT_NAME = "csi.storage.k8s.io/volumesnapshotcontent/name"
 SNAPSHOT_METADATA = (VOLUMESNAPSHOT_NAME, VOLUMESNAPSHOT_NAMESPACE, VOLUMESNAPSHOT_CONTENT_NAME)
 
 # mkfs options: validated at CreateVolume, carried in volume_context under the same key, validated
-# again on the node before they reach an mkfs argv.
-BLOCK_SIZE = "blockSize"  # bytes per filesystem block (ext*: 1024..65536 power of two; xfs: 512..65536)
-INODE_SIZE = "inodeSize"  # bytes per inode (ext*: 128..4096 power of two; xfs: 256..2048)
+# again on the node before they reach an mkfs argv (filesystems.mkfs_argv: ranges; mkfs_limits:
+# combinations and the volume size they need). Sizes are powers of two:
+# blockSize: ext* 1024..the page size (4096 on x86); xfs 1024..65536.
+# inodeSize: ext* 128..4096 and at most blockSize (1024 when blockSize is unset); xfs 512..2048 and at
+# most half of blockSize. bytesPerInode: 1024..64 Mi and at least twice inodeSize (with bigalloc, at
+# least the cluster size). numberOfInodes: 16..2^32-1.
+BLOCK_SIZE = "blockSize"  # bytes per filesystem block
+INODE_SIZE = "inodeSize"  # bytes per inode
 BYTES_PER_INODE = "bytesPerInode"  # ext* only: inode ratio
 NUMBER_OF_INODES = "numberOfInodes"  # ext* only: absolute inode count
 EXT4_BIGALLOC = "ext4BigAlloc"  # ext4 only: "true" enables bigalloc

@@ -15,7 +15,14 @@ from google.protobuf.message import Message
 from csi import keys, values
 from csi._proto import csi_pb2
 from csi.failures import InvalidParameterError, OutOfRangeError
-from csi.filesystems import DEFAULT_FS_TYPE, MIN_DEVICE_BYTES, mkfs_argv, parse_fs_type, requested_fs_type
+from csi.filesystems import (
+    DEFAULT_FS_TYPE,
+    MIN_DEVICE_BYTES,
+    mkfs_argv,
+    parse_fs_type,
+    requested_fs_type,
+)
+from csi.mkfs_limits import mkfs_floor
 
 AccessMode = csi_pb2.VolumeCapability.AccessMode
 
@@ -214,15 +221,24 @@ def filesystem_floor(
 ) -> int:
     """The least size a volume mounted with `caps` may have, for the filesystem each mount capability
     would get on the node (0 for block access): a volume its mkfs refuses could never be staged. A
-    limit_bytes below it -> OUT_OF_RANGE naming the filesystem."""
+    limit_bytes below the filesystem's own floor -> OUT_OF_RANGE naming the filesystem; a size asked for
+    (required_bytes, else limit_bytes) below what an mkfs parameter needs (mkfs_limits.mkfs_floor) ->
+    INVALID_ARGUMENT naming it. Without either bound the volume is made large enough."""
     check_not_negative(cr)
-    wanted = (requested_fs_type(fs, context) or DEFAULT_FS_TYPE for fs in _mounts(caps))
+    wanted = sorted({requested_fs_type(fs, context) or DEFAULT_FS_TYPE for fs in _mounts(caps)})
     floor, fs = max(((MIN_DEVICE_BYTES.get(f, 0), f) for f in wanted), default=(0, ""))
     if cr.limit_bytes and cr.limit_bytes < floor:
         raise OutOfRangeError(
             f"an {fs} filesystem needs a volume of at least {floor} bytes; limit_bytes is {cr.limit_bytes}"
         )
-    return floor
+    (least, key), fs = max(((mkfs_floor(f, context), f) for f in wanted), default=((0, ""), ""))
+    asked = cr.required_bytes or cr.limit_bytes
+    if asked and asked < least:
+        raise InvalidParameterError(
+            f"parameter {key}={context[key]}: mkfs.{fs} needs a volume of at least {least} bytes for it, "
+            f"and {asked} bytes were asked for; ask for a larger volume or change {key}"
+        )
+    return max(floor, least)
 
 
 def _mounts(caps: Iterable[csi_pb2.VolumeCapability]) -> list[str]:

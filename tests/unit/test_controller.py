@@ -15,6 +15,7 @@ from csi.backends import base
 from csi.capabilities import Capabilities
 from csi.controller import ControllerService
 from csi.errors import status_for
+from csi.filesystems import PAGE_SIZE
 from csi.group_controller import GroupControllerService
 from csi.inflight import InFlight
 from tests.fakes import FAKE_NODE, FAKE_ZONE_KEY, FakeBackend, all_capabilities
@@ -132,15 +133,15 @@ def test_create_volume_rejects(env: Env, fields: dict[str, Any], code: Code) -> 
 # Format parameters NodeStageVolume would refuse for the filesystem it creates (the capability's fs_type,
 # else the fsType parameter, else ext4): refused at CreateVolume, naming the parameter and what is allowed.
 FORMAT_REFUSED = [
-    pytest.param([mount()], {keys.FS_TYPE: "xfs", keys.INODE_SIZE: "128"}, "256 to 2048", id="xfs-inode-128"),
+    pytest.param([mount()], {keys.FS_TYPE: "xfs", keys.INODE_SIZE: "128"}, "512 to 2048", id="xfs-inode-128"),
     pytest.param(
-        [mount()], {keys.FS_TYPE: "xfs", keys.INODE_SIZE: "4096"}, "256 to 2048", id="xfs-inode-4096"
+        [mount()], {keys.FS_TYPE: "xfs", keys.INODE_SIZE: "4096"}, "512 to 2048", id="xfs-inode-4096"
     ),
-    pytest.param([mount()], {"fsType": "XFS", keys.INODE_SIZE: "128"}, "256 to 2048", id="legacy-fstype-key"),
+    pytest.param([mount()], {"fsType": "XFS", keys.INODE_SIZE: "128"}, "512 to 2048", id="legacy-fstype-key"),
     pytest.param(
-        [mount()], {keys.FS_TYPE: "ext4", keys.BLOCK_SIZE: "512"}, "1024 to 65536", id="ext4-block-512"
+        [mount()], {keys.FS_TYPE: "ext4", keys.BLOCK_SIZE: "512"}, f"1024 to {PAGE_SIZE}", id="ext4-block-512"
     ),
-    pytest.param([mount()], {keys.BLOCK_SIZE: "512"}, "1024 to 65536", id="default-ext4-block-512"),
+    pytest.param([mount()], {keys.BLOCK_SIZE: "512"}, f"1024 to {PAGE_SIZE}", id="default-ext4-block-512"),
     pytest.param(
         [mount()],
         {keys.EXT4_CLUSTER_SIZE: "65536"},
@@ -159,7 +160,7 @@ FORMAT_REFUSED = [
         "do not apply to xfs",
         id="ext-only-on-xfs",
     ),
-    pytest.param([mount(fs="xfs")], {keys.INODE_SIZE: "128"}, "256 to 2048", id="xfs-from-capability"),
+    pytest.param([mount(fs="xfs")], {keys.INODE_SIZE: "128"}, "512 to 2048", id="xfs-from-capability"),
     pytest.param(
         [mount(fs="xfs")],
         {keys.FS_TYPE: "ext4", keys.NUMBER_OF_INODES: "1000"},
@@ -167,9 +168,9 @@ FORMAT_REFUSED = [
         id="capability-fs-wins-over-parameter",
     ),
     pytest.param(
-        [mount(), mount(fs="xfs")], {keys.INODE_SIZE: "128"}, "256 to 2048", id="any-mount-capability"
+        [mount(), mount(fs="xfs")], {keys.INODE_SIZE: "128"}, "512 to 2048", id="any-mount-capability"
     ),
-    pytest.param([block()], {keys.BLOCK_SIZE: "512"}, "1024 to 65536", id="block-only-default-ext4"),
+    pytest.param([block()], {keys.BLOCK_SIZE: "512"}, f"1024 to {PAGE_SIZE}", id="block-only-default-ext4"),
 ]
 
 
@@ -203,7 +204,9 @@ def test_create_volume_refuses_format_parameters_the_node_would_refuse(
         pytest.param(
             [mount(fs="ext4")], {keys.FS_TYPE: "xfs", keys.BYTES_PER_INODE: "4096"}, id="capability-ext4-wins"
         ),
-        pytest.param([block()], {keys.FS_TYPE: "xfs", keys.BLOCK_SIZE: "512"}, id="block-only-xfs-parameter"),
+        pytest.param(
+            [block()], {keys.FS_TYPE: "xfs", keys.BLOCK_SIZE: "1024"}, id="block-only-xfs-parameter"
+        ),
     ],
 )
 def test_create_volume_accepts_format_parameters_the_node_accepts(

@@ -14,6 +14,7 @@ from csi.filesystems import (
     MS_BIND,
     MS_NOEXEC,
     MS_RDONLY,
+    PAGE_SIZE,
     check_fs_type,
     check_mount_flags,
     check_mount_flags_any,
@@ -216,6 +217,25 @@ def test_mkfs_argv(fs_type: str, options: dict[str, str], expected: list[str]) -
         pytest.param("ext4", {keys.EXT4_BIGALLOC: "yes"}, id="bigalloc-not-bool"),
         pytest.param("ext4", {keys.EXT4_CLUSTER_SIZE: "65536"}, id="cluster-without-bigalloc"),
         pytest.param("btrfs", {}, id="fs-not-allowed"),
+        pytest.param("xfs", {keys.BLOCK_SIZE: "512"}, id="xfs-block-512-needs-no-crc"),
+        pytest.param("xfs", {keys.INODE_SIZE: "256"}, id="xfs-inode-256-needs-no-crc"),
+        pytest.param(
+            "xfs", {keys.BLOCK_SIZE: "2048", keys.INODE_SIZE: "2048"}, id="xfs-inode-over-half-a-block"
+        ),
+        pytest.param("ext4", {keys.BLOCK_SIZE: str(2 * PAGE_SIZE)}, id="ext-block-over-a-page"),
+        pytest.param(
+            "ext3", {keys.BLOCK_SIZE: "1024", keys.INODE_SIZE: "2048"}, id="ext-inode-over-the-block"
+        ),
+        pytest.param("ext4", {keys.INODE_SIZE: "2048"}, id="ext-inode-over-the-small-volume-block"),
+        pytest.param(
+            "ext4", {keys.INODE_SIZE: "1024", keys.BYTES_PER_INODE: "1024"}, id="ext-ratio-of-one-inode"
+        ),
+        pytest.param(
+            "ext4",
+            {keys.EXT4_BIGALLOC: "true", keys.EXT4_CLUSTER_SIZE: "1048576", keys.BYTES_PER_INODE: "65536"},
+            id="ext-bigalloc-ratio-under-the-cluster",
+        ),
+        pytest.param("ext4", {keys.NUMBER_OF_INODES: "15"}, id="ext-fewer-than-16-inodes"),
     ],
 )
 def test_mkfs_argv_rejects(fs_type: str, options: dict[str, str]) -> None:
@@ -230,14 +250,14 @@ def test_mkfs_argv_rejects(fs_type: str, options: dict[str, str]) -> None:
             "xfs",
             {keys.INODE_SIZE: "128"},
             {},
-            "xfs volume attribute inodeSize='128': expected a power of two from 256 to 2048",
+            "xfs volume attribute inodeSize='128': expected a power of two from 512 to 2048",
             id="node-names-a-volume-attribute",
         ),
         pytest.param(
             "ext4",
             {keys.BLOCK_SIZE: "512"},
             {"what": "parameter"},
-            "ext4 parameter blockSize='512': expected a power of two from 1024 to 65536",
+            f"ext4 parameter blockSize='512': expected a power of two from 1024 to {PAGE_SIZE}",
             id="create-names-a-parameter",
         ),
         pytest.param(
