@@ -4,9 +4,10 @@ the local backend, and every check looks at both the gRPC answers and the files 
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -256,16 +257,17 @@ EXT4 = csi_pb2.VolumeCapability(
     ],
 )
 def test_a_refusal_says_what_to_fix(
-    client: CsiClient, rpc: str, fields: dict[str, object], contains: str
+    client: CsiClient, rpc: str, fields: dict[str, Any], contains: str
 ) -> None:
     vid = create(client, "source").volume_id
-    request = {
+    requests: dict[str, Callable[[], Any]] = {
         "CreateVolume": lambda: csi_pb2.CreateVolumeRequest(name="v", volume_capabilities=[EXT4], **fields),
         "CreateSnapshot": lambda: csi_pb2.CreateSnapshotRequest(name="s", source_volume_id=vid, **fields),
         "CreateVolumeGroupSnapshot": lambda: csi_pb2.CreateVolumeGroupSnapshotRequest(
             name="g", source_volume_ids=[vid], **fields
         ),
-    }[rpc]()
+    }
+    request = requests[rpc]()
     stub = client.group if rpc == "CreateVolumeGroupSnapshot" else client.controller
     message = assert_code(getattr(stub, rpc), request, Code.INVALID_ARGUMENT, contains=contains)
     assert "\n" not in message and "\x00" not in message
@@ -276,7 +278,7 @@ def test_a_repeated_create_names_what_differs_in_request_terms(client: CsiClient
     multi = csi_pb2.VolumeCapability(
         block=csi_pb2.VolumeCapability.BlockVolume(), access_mode=AM(mode=AM.MULTI_NODE_MULTI_WRITER)
     )
-    for kw, says in [
+    cases: list[tuple[dict[str, Any], str]] = [
         (
             {"cap": multi, "parameters": {"csi.storage.k8s.io/fstype": "ext4"}},
             "asks for a multi-node access mode",
@@ -289,7 +291,8 @@ def test_a_repeated_create_names_what_differs_in_request_terms(client: CsiClient
             {"parameters": {"csi.storage.k8s.io/fstype": "ext4", "blockSize": "4096"}},
             "parameter 'blockSize' '4096'",
         ),
-    ]:
+    ]
+    for kw, says in cases:
         with pytest.raises(grpc.RpcError) as refused:
             create(client, "pvc", size=300 * MiB, **kw)
         assert refused.value.code() == Code.ALREADY_EXISTS
