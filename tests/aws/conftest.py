@@ -3,6 +3,7 @@ clients pointed at it over real HTTP with dummy credentials."""
 
 from __future__ import annotations
 
+import contextlib
 import random
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -13,10 +14,28 @@ from botocore.exceptions import EndpointConnectionError
 from csi.backends.aws import AwsBackend
 from csi.backends.aws.devices import DeviceFinder
 from csi.backends.aws.ec2 import Backoff
+from csi.config import parse_args
+from csi.server import Driver
+from tests.csiclient import CsiClient, connect
 from tests.motoproxy import MotoProxy, running_proxy
 from tests.motoserver import ZONE, make_client, moto_for_tests, run_instance
 
 OTHER_ZONE = "us-east-1b"
+
+
+@contextlib.contextmanager
+def serving(backend: AwsBackend, socket: str, *flags: str) -> Iterator[CsiClient]:
+    """The real driver over `backend` on the unix socket `socket` (in ZONE, with `flags`), and a client
+    of it; both stopped on exit."""
+    config, _ = parse_args(["--backend", "aws", "--endpoint", f"unix://{socket}", "--zone", ZONE, *flags])
+    driver = Driver(config, backend=backend)
+    driver.start()
+    client = connect(socket)
+    try:
+        yield client
+    finally:
+        client.close()
+        driver.stop(grace=1)
 
 
 @pytest.fixture(scope="session")

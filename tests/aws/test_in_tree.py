@@ -12,10 +12,9 @@ import pytest
 from csi._proto import csi_pb2
 from csi.backends.aws import AwsBackend
 from csi.backends.aws.devices import DeviceFinder
-from csi.config import parse_args
-from csi.server import Driver
 from shim import Translator
-from tests.csiclient import CsiClient, connect
+from tests.aws.conftest import serving
+from tests.csiclient import CsiClient
 from tests.motoserver import ZONE
 
 AM = csi_pb2.VolumeCapability.AccessMode
@@ -60,27 +59,9 @@ def grpc_driver(
     make_backend: Callable[..., AwsBackend], instance: str, tmp_path: Path
 ) -> Iterator[tuple[CsiClient, AwsBackend]]:
     """The real driver (gRPC on a unix socket) over the aws backend; stopped even when the test fails."""
-    config, _ = parse_args(
-        [
-            "--backend",
-            "aws",
-            "--endpoint",
-            f"unix://{tmp_path}/csi.sock",
-            "--node-id",
-            instance,
-            "--zone",
-            ZONE,
-        ]
-    )
     backend = make_backend(node_id=instance)
-    driver = Driver(config, backend=backend)
-    driver.start()
-    client = connect(f"{tmp_path}/csi.sock")
-    try:
+    with serving(backend, f"{tmp_path}/csi.sock", "--node-id", instance) as client:
         yield client, backend
-    finally:
-        client.close()
-        driver.stop(grace=1)
 
 
 def attachments(ec2: Any, volume_id: str) -> list[tuple[str, str, str]]:

@@ -6,6 +6,7 @@ spelling of the volume id each uses; a duplicate of either, or a DeleteVolume me
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,10 +18,8 @@ import pytest
 from csi._proto import csi_pb2
 from csi.backends.aws import AwsBackend
 from csi.backends.base import DiskOptions, GiB
-from csi.config import parse_args
-from csi.server import Driver
-from tests.aws.conftest import inject_responses
-from tests.csiclient import CsiClient, connect
+from tests.aws.conftest import inject_responses, serving
+from tests.csiclient import CsiClient
 from tests.motoproxy import MotoProxy
 from tests.motoserver import ZONE, make_client
 
@@ -64,22 +63,14 @@ def serve(
 ) -> Iterator[Callable[[bool], tuple[CsiClient, AwsBackend]]]:
     """Start the real driver over the aws backend (through the proxy); `coalescing=False` serves it as
     if the backend had no coalescer."""
-    stops: list[Callable[[], None]] = []
+    with contextlib.ExitStack() as stack:
 
-    def start(coalescing: bool) -> tuple[CsiClient, AwsBackend]:
-        socket = f"{tmp_path}/csi.sock"
-        config, _ = parse_args(["--backend", "aws", "--endpoint", f"unix://{socket}", "--zone", ZONE])
-        backend = make_backend(client=make_client(proxy.endpoint, account), modify_window=WINDOW)
-        backend.capabilities = backend.capabilities._replace(coalesces_modifications=coalescing)
-        driver = Driver(config, backend=backend)
-        driver.start()
-        client = connect(socket)
-        stops.extend([client.close, lambda: driver.stop(grace=1)])
-        return client, backend
+        def start(coalescing: bool) -> tuple[CsiClient, AwsBackend]:
+            backend = make_backend(client=make_client(proxy.endpoint, account), modify_window=WINDOW)
+            backend.capabilities = backend.capabilities._replace(coalesces_modifications=coalescing)
+            return stack.enter_context(serving(backend, f"{tmp_path}/csi.sock")), backend
 
-    yield start
-    for stop in stops:
-        stop()
+        yield start
 
 
 def code_of(future: Any) -> grpc.StatusCode:

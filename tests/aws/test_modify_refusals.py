@@ -19,11 +19,10 @@ import pytest
 from csi._proto import csi_pb2
 from csi.backends.aws import AwsBackend
 from csi.backends.base import DiskOptions, GiB
-from csi.config import parse_args
-from csi.server import Driver
-from tests.csiclient import CsiClient, assert_code, connect
+from tests.aws.conftest import serving
+from tests.csiclient import CsiClient, assert_code
 from tests.motoproxy import MotoProxy
-from tests.motoserver import ZONE, make_client
+from tests.motoserver import make_client
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 OUT_OF_RANGE = grpc.StatusCode.OUT_OF_RANGE
@@ -35,15 +34,9 @@ def served(
     make_backend: Callable[..., AwsBackend], proxy: MotoProxy, account: str, tmp_path: Path
 ) -> Iterator[tuple[CsiClient, AwsBackend]]:
     """The real driver over the aws backend, talking to moto through the proxy."""
-    socket = f"{tmp_path}/csi.sock"
-    config, _ = parse_args(["--backend", "aws", "--endpoint", f"unix://{socket}", "--zone", ZONE])
     backend = make_backend(client=make_client(proxy.endpoint, account))
-    driver = Driver(config, backend=backend)
-    driver.start()
-    client = connect(socket)
-    yield client, backend
-    client.close()
-    driver.stop(grace=1)
+    with serving(backend, f"{tmp_path}/csi.sock") as client:
+        yield client, backend
 
 
 def volume(backend: AwsBackend, gib: int = 10, kind: str = "gp3") -> str:

@@ -16,10 +16,8 @@ import pytest
 from csi._proto import csi_pb2
 from csi.backends.aws import AwsBackend
 from csi.backends.base import DiskOptions, GiB
-from csi.config import parse_args
-from csi.server import Driver
-from tests.csiclient import CsiClient, assert_code, connect
-from tests.motoserver import ZONE
+from tests.aws.conftest import serving
+from tests.csiclient import CsiClient, assert_code
 
 AM = csi_pb2.VolumeCapability.AccessMode
 MOUNT = csi_pb2.VolumeCapability(
@@ -29,15 +27,9 @@ MOUNT = csi_pb2.VolumeCapability(
 
 @pytest.fixture
 def served(make_backend: Callable[..., AwsBackend], tmp_path: Path) -> Iterator[tuple[CsiClient, AwsBackend]]:
-    socket = f"{tmp_path}/csi.sock"
-    config, _ = parse_args(["--backend", "aws", "--endpoint", f"unix://{socket}", "--zone", ZONE])
     backend = make_backend()
-    driver = Driver(config, backend=backend)
-    driver.start()
-    client = connect(socket)
-    yield client, backend
-    client.close()
-    driver.stop(grace=1)
+    with serving(backend, f"{tmp_path}/csi.sock") as client:
+        yield client, backend
 
 
 def request(size_range: tuple[int, int] | None, content: csi_pb2.VolumeContentSource) -> Any:
