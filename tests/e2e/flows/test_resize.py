@@ -19,6 +19,7 @@ from tests.e2e.kube import Obj, pvcs, pvs, volume_attributes_classes
 
 pytestmark = pytest.mark.slow
 RESIZE_TIMEOUT = 90
+VAC_SIZE = "8Gi"  # EBS gives gp3 at most 500 IOPS per GiB (3000 at any size): 4000 IOPS needs 8 GiB
 
 
 def test_claim_expansion_grows_the_volume(bed: Bed, namespace: str) -> None:
@@ -57,7 +58,7 @@ def test_attributes_class_change_modifies_the_volume(bed: Bed, namespace: str) -
     if bed.is_aws:  # with a tag the resizer's names fill (--extra-modify-metadata)
         changes["tagSpecification_1"] = "modified-for={{ .PVCName }}"
     bed.kube.create(volume_attributes_classes(), attributes_class(fast, bed.driver, changes))
-    create_claim(bed, namespace, claim(name, "immediate"))
+    create_claim(bed, namespace, claim(name, "immediate", VAC_SIZE))
     wait_bound(bed, namespace, name)
 
     bed.kube.patch(pvcs(namespace, name), {"spec": {"volumeAttributesClassName": fast}})
@@ -84,7 +85,7 @@ def test_infeasible_attributes_class_leaves_the_volume_untouched(bed: Bed, names
         volume_attributes_classes(),
         attributes_class(impossible, bed.driver, {"iops": "4000", "color": "blue"}),
     )
-    create_claim(bed, namespace, claim(name, "immediate", attributes_class=fast))
+    create_claim(bed, namespace, claim(name, "immediate", VAC_SIZE, attributes_class=fast))
     _, pv = wait_bound(bed, namespace, name)
     bed.kube.wait(
         pvcs(namespace, name),
