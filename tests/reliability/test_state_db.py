@@ -503,3 +503,36 @@ def test_an_older_state_db_keeps_the_newer_volumes_in_the_quarantine(
     recover_state(str(data))
     assert set(read_state(data).volume_rows) == set(s.volumes.values()) | set(newer)
     assert snap in read_state(data).snapshot_rows
+
+
+def test_files_a_cut_delete_set_aside_keep_their_records_and_are_named_back(tmp_path: Path) -> None:
+    """A DeleteVolume (refused, the volume is published) or DeleteSnapshot killed after it set the file
+    aside as `.deleting`, before its transaction: the records are still there, so recover-state keeps
+    them -- attachment included -- and the next start names the files back. A set-aside file whose
+    record is gone was deleted: it is not brought back, and the start removes it."""
+    data = tmp_path / "data"
+    s = seed(data)
+    attached = s.volumes["pvc-0"]
+    for path in (data / "volumes" / f"{attached}.img", data / "snapshots" / f"{s.snapshot}.img"):
+        path.rename(f"{path}.deleting")
+    deleted = data / "volumes" / f"lv-{'0' * 32}.img.deleting"  # its record gone: acknowledged
+    deleted.write_bytes(b"deleted data")
+
+    rec = recover(data)
+    assert rec.returncode == 0, rec.stderr
+    assert "3 volume(s) (3 with their original names), 3 snapshot(s)" in rec.stdout
+    assert "1 attachment(s)" in rec.stdout and "dropped" not in rec.stdout
+    for kept in (f"volume {attached}", f"snapshot {s.snapshot}"):
+        assert f"kept {kept}: a delete cut short set its file aside" in rec.stdout, rec.stdout
+    with running_driver(tmp_path, "--mode", "controller", data_dir=data) as d:
+        c = connect(d.endpoint)
+        try:
+            got = c.controller.ControllerGetVolume(csi_pb2.ControllerGetVolumeRequest(volume_id=attached))
+            assert list(got.status.published_node_ids) == [NODE]
+            snaps = c.controller.ListSnapshots(csi_pb2.ListSnapshotsRequest(snapshot_id=s.snapshot))
+            assert [e.snapshot.source_volume_id for e in snaps.entries] == [attached]
+        finally:
+            c.close()
+        assert listed(d) == set(s.volumes.values())
+    assert digests(data) == s.digests, "every set-aside file is back under its own name, intact"
+    assert not deleted.exists()

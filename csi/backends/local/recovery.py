@@ -3,9 +3,11 @@
 `recover_state(data_dir)` rebuilds `state.db` from the backing files it finds. Whatever rows can still be
 read from the old database (names, creation arguments, mutable parameters, snapshot sources, groups,
 attachments, health marks, expands in progress) are kept for files that exist. A file nobody can name
-gets the name `recovered-<id>`. Records whose file is gone are dropped. No volume or snapshot file is
-ever removed or modified. It takes the data dir's owner lock, so it never runs beside a driver serving
-the controller from the same data dir.
+gets the name `recovered-<id>`. Records whose file is gone are dropped. A file a delete cut short set
+aside (`<id>.img.deleting`, files.doomed) is kept with its record unless the old database says the
+record is gone; start-up then names it back. No volume or snapshot file is ever removed or modified. It
+takes the data dir's owner lock, so it never runs beside a driver serving the controller from the same
+data dir.
 
 The new database is built under another name (`state.db.building`), made single-file and durable, and
 renamed `state.db.new` once complete; only then is the old one (with its WAL) kept under a name nothing
@@ -30,7 +32,7 @@ from typing import Any, TextIO
 
 from csi.backends.local import files
 from csi.backends.local.health import Ledger
-from csi.backends.local.layout import SNAPSHOT_ID, VOLUME_ID, Layout
+from csi.backends.local.layout import IMAGE_SUFFIX, SNAPSHOT_ID, VOLUME_ID, Layout
 from csi.backends.local.rows import GroupRow, SnapshotRow
 from csi.backends.local.startup import lock_data_dir, open_read_only
 from csi.backends.local.state import NameTaken, Store
@@ -56,6 +58,11 @@ class Salvage:
     health_marks: list[dict[str, Any]] = field(default_factory=list)
     growth: list[dict[str, Any]] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    read: set[str] = field(default_factory=set)  # tables read whole from a database that checks out
+
+    def lacks(self, table: str, row_id: str) -> bool:
+        """Whether the old database says `table` has no row `row_id` (a damaged one says nothing)."""
+        return table in self.read and row_id not in getattr(self, table)
 
 
 def salvage(db: str) -> Salvage:
@@ -73,12 +80,18 @@ def salvage(db: str) -> Salvage:
         return out
     con.row_factory = sqlite3.Row
     try:
+        try:
+            intact = [r[0] for r in con.execute("PRAGMA quick_check")] == ["ok"]
+        except sqlite3.Error:
+            intact = False
         for table in TABLES:
             try:
                 rows = [dict(r) for r in con.execute(f"SELECT * FROM {table}")]
             except sqlite3.Error as exc:
                 out.problems.append(f"table {table} unreadable: {exc}")
                 continue
+            if intact:
+                out.read.add(table)
             if table in LISTS:
                 setattr(out, table, rows)
             else:
@@ -178,6 +191,7 @@ class Report:
     attachments: int = 0
     marks: int = 0
     dropped: list[str] = field(default_factory=list)
+    set_aside: list[str] = field(default_factory=list)  # kept though a delete cut short set them aside
     ignored: list[str] = field(default_factory=list)
     kept_as: str | None = None
     read_from: str = ""
@@ -246,15 +260,35 @@ def _build(layout: Layout, old: Salvage, report: Report) -> None:
         store.close()
 
 
+def _images(
+    directory: str, old: Salvage, report: Report, valid: Callable[[str], object]
+) -> list[tuple[str, str]]:
+    """(id, file name) of the image files in `directory` with an id we issue (the others: `ignored`),
+    and of the files a delete cut short set aside (`<id>.img.deleting`: `set_aside`) unless the old
+    database says the record is gone (the delete was acknowledged, or about to be: start-up removes the
+    file). Otherwise the delete never happened, and start-up names the file back (startup.reconcile):
+    its record must stay, attachments and all."""
+    kind = os.path.basename(directory)  # "volumes" or "snapshots", as the tables
+    try:
+        names = sorted(os.listdir(directory))
+    except FileNotFoundError:
+        names = []
+    found = {Layout.id_of(n): n for n in names if n.endswith(IMAGE_SUFFIX)}
+    for n in names:
+        rid = Layout.id_of(n.removesuffix(files.DOOMED))
+        if n.endswith(IMAGE_SUFFIX + files.DOOMED) and rid not in found and not old.lacks(kind, rid):
+            found[rid] = n
+    items = sorted(found.items())
+    report.ignored += [os.path.join(directory, n) for i, n in items if not valid(i)]
+    report.set_aside += [f"{kind[:-1]} {i}" for i, n in items if valid(i) and n.endswith(files.DOOMED)]
+    return [(i, n) for i, n in items if valid(i)]
+
+
 def _recover_volumes(
     store: Store, directory: str, old: Salvage, report: Report, valid: Callable[[str], object]
 ) -> set[str]:
     done: set[str] = set()
-    for entry in Layout.images(directory):
-        vid = Layout.id_of(entry)
-        if not valid(vid):
-            report.ignored.append(os.path.join(directory, entry))
-            continue
+    for vid, entry in _images(directory, old, report, valid):
         st = os.stat(os.path.join(directory, entry))
         row = old.volumes.get(vid, {})
         size = max(int(row.get("size") or 0), st.st_size)
@@ -285,11 +319,7 @@ def _recover_snapshots(
     store: Store, directory: str, old: Salvage, report: Report, valid: Callable[[str], object]
 ) -> set[str]:
     rows: dict[str, SnapshotRow] = {}
-    for entry in Layout.images(directory):
-        sid = Layout.id_of(entry)
-        if not valid(sid):
-            report.ignored.append(os.path.join(directory, entry))
-            continue
+    for sid, entry in _images(directory, old, report, valid):
         st = os.stat(os.path.join(directory, entry))
         r = old.snapshots.get(sid, {})
         rows[sid] = SnapshotRow(
@@ -363,6 +393,8 @@ def run_recover(data_dir: str, out: TextIO = sys.stdout) -> int:
         print(f"old database: {line}", file=out)
     for item in r.dropped:
         print(f"dropped {item}: its file is gone", file=out)
+    for item in r.set_aside:
+        print(f"kept {item}: a delete cut short set its file aside; the next start names it back", file=out)
     for path in r.ignored:
         print(f"ignored {path}: not a file name this driver issues", file=out)
     return 0
