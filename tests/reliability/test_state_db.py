@@ -21,10 +21,12 @@ import pytest
 from csi._proto import csi_pb2, csi_pb2_grpc
 from csi.backends.base import DiskOptions
 from csi.backends.local import LocalBackend
+from csi.backends.local.health import UNRECORDED, run_clear_health
 from csi.backends.local.layout import Layout
 from csi.backends.local.recovery import recover_state
 from csi.backends.local.startup import StateUnusable, check_state
 from csi.failures import FailedPreconditionError, NotFoundError
+from csi.health import Status
 from tests.conformance.driver import DRIVER, Driver, running_driver
 from tests.csiclient import connect
 from tests.reliability.conftest import MiB, fill, read_state
@@ -500,8 +502,9 @@ def test_an_older_state_db_keeps_the_newer_volumes_in_the_quarantine(
     for sub in ("volumes", "snapshots"):  # the way back, as docs/recovery.md says
         for p in (orphans / sub).iterdir():
             p.rename(data / sub / p.name)
-    recover_state(str(data))
+    report = recover_state(str(data))
     assert set(read_state(data).volume_rows) == set(s.volumes.values()) | set(newer)
+    assert {n.split()[2] for n in report.notes} == set(newer), "each moved back is marked: it may be torn"
     assert snap in read_state(data).snapshot_rows
 
 
@@ -536,3 +539,42 @@ def test_files_a_cut_delete_set_aside_keep_their_records_and_are_named_back(tmp_
         assert listed(d) == set(s.volumes.values())
     assert digests(data) == s.digests, "every set-aside file is back under its own name, intact"
     assert not deleted.exists()
+
+
+@pytest.mark.parametrize(
+    ("how", "marked"),
+    [
+        pytest.param(lambda db: None, True, id="intact-database-lacks-it"),
+        pytest.param(_garbage, False, id="unreadable-database-says-nothing"),
+        pytest.param(_deleted, False, id="no-database-says-nothing"),
+    ],
+)
+def test_a_file_an_intact_database_has_no_record_of_is_recorded_and_marked(
+    tmp_path: Path, how: Callable[[Path], None], marked: bool
+) -> None:
+    """A clone killed mid-copy leaves a torn file without a record, which a plain restart quarantines.
+    recover-state records it (moving orphans back relies on that), but when the old database could say
+    it had no such volume, the volume is reported DATA_LOSS until an operator clears it -- never served as
+    a healthy `recovered-` volume. A database that is gone or unreadable knows nothing: no mark."""
+    data = tmp_path / "data"
+    s = seed(data)
+    torn = f"lv-{'1' * 32}"
+    source = data / "volumes" / f"{s.volumes['pvc-0']}.img"
+    (data / "volumes" / f"{torn}.img").write_bytes(source.read_bytes()[: 2 * MiB])
+    damage(data, how)
+
+    rec = recover(data)
+    assert rec.returncode == 0, rec.stderr
+    assert "4 volume(s)" in rec.stdout
+    assert (f"marked volume {torn} DATA_LOSS" in rec.stdout) == marked, rec.stdout
+    b = LocalBackend.open(str(data), node_id=NODE)
+    try:
+        assert b.get_volume(torn).name == f"recovered-{torn}"
+        issues = {vid: b.health.volume(vid) for vid in (torn, *s.volumes.values())}
+    finally:
+        b.close()
+    unhealthy = {vid: [(i.status, i.reason) for i in found] for vid, found in issues.items() if found}
+    assert unhealthy == ({torn: [(Status.DATA_LOSS, UNRECORDED)]} if marked else {})
+    if marked:
+        assert "clear-health" in issues[torn][0].message
+        assert run_clear_health(str(data), [torn]) == 0

@@ -5,6 +5,8 @@ A volume's issues (ControllerGetVolumeHealth, ControllerListVolumeHealth):
 - its backing file is shorter than its record -> DATA_LOSS (BackingFileShort); start-up grows it;
 - start-up found it short and grew it -> DATA_LOSS (BackingFileWasShort) from then on, until the volume
   is deleted or an operator clears the mark with `ballast-csi clear-health` once the data is checked;
+- recover-state recorded its file, which the old database had no record of -> DATA_LOSS
+  (RecoveredWithoutRecord), the same way: it may be a copy a crash cut short;
 - the kernel counted errors in the filesystem on a loop device over the file -> DEGRADED (csi.fshealth).
 
 The ledger keeps two tables in state.db: `health_marks` (the marks above) and `growth` (an expand in
@@ -31,6 +33,7 @@ from csi.health import Issue, Status, StorageIssue, VolumeHealth, distinct
 from csi.mount import Mounter, MountInfo
 
 WAS_SHORT = "BackingFileWasShort"
+UNRECORDED = "RecoveredWithoutRecord"
 
 
 class Mark(NamedTuple):
@@ -72,6 +75,21 @@ class Ledger:
                 "INSERT OR IGNORE INTO health_marks VALUES (?, ?, ?, ?)",
                 (volume_id, WAS_SHORT, message, time.time()),
             )
+
+    def mark_unrecorded(self, volume_id: str) -> str:
+        """Record that recover-state found the volume's file without a record in a database that could
+        say: an interrupted copy (clone, restore) looks just like that, torn. Returns the message."""
+        message = (
+            "recover-state found this volume's file without a record in the old database: it may be a "
+            "clone or restore that a crash cut short, holding part of its data. Check its data, then clear "
+            f"this with `ballast-csi clear-health {volume_id}`, or delete the volume"
+        )
+        with self._store.tx() as db:
+            db.execute(
+                "INSERT OR IGNORE INTO health_marks VALUES (?, ?, ?, ?)",
+                (volume_id, UNRECORDED, message, time.time()),
+            )
+        return message
 
     def marks(self, volume_id: str = "") -> dict[str, list[Mark]]:
         sql, args = "SELECT * FROM health_marks ORDER BY since", []

@@ -3,7 +3,8 @@
 `recover_state(data_dir)` rebuilds `state.db` from the backing files it finds. Whatever rows can still be
 read from the old database (names, creation arguments, mutable parameters, snapshot sources, groups,
 attachments, health marks, expands in progress) are kept for files that exist. A file nobody can name
-gets the name `recovered-<id>`. Records whose file is gone are dropped. A file a delete cut short set
+gets the name `recovered-<id>`; one an intact old database has no record of is marked DATA_LOSS
+(health.py: it may be a torn copy). Records whose file is gone are dropped. A file a delete cut short set
 aside (`<id>.img.deleting`, files.doomed) is kept with its record unless the old database says the
 record is gone; start-up then names it back. No volume or snapshot file is ever removed or modified. It
 takes the data dir's owner lock, so it never runs beside a driver serving the controller from the same
@@ -191,7 +192,7 @@ class Report:
     attachments: int = 0
     marks: int = 0
     dropped: list[str] = field(default_factory=list)
-    set_aside: list[str] = field(default_factory=list)  # kept though a delete cut short set them aside
+    notes: list[str] = field(default_factory=list)  # what a record was given that the operator must know
     ignored: list[str] = field(default_factory=list)
     kept_as: str | None = None
     read_from: str = ""
@@ -242,11 +243,7 @@ def _build(layout: Layout, old: Salvage, report: Report) -> None:
         for a in old.attachments:
             if a.get("volume_id") in vol_ids:
                 store.attach(
-                    str(a["volume_id"]),
-                    str(a["node_id"]),
-                    bool(a["readonly"]),
-                    multi_node=True,
-                    limit=0,
+                    str(a["volume_id"]), str(a["node_id"]), bool(a["readonly"]), multi_node=True, limit=0
                 )
                 report.attachments += 1
         report.marks = Ledger(store).carry(
@@ -264,24 +261,25 @@ def _images(
     directory: str, old: Salvage, report: Report, valid: Callable[[str], object]
 ) -> list[tuple[str, str]]:
     """(id, file name) of the image files in `directory` with an id we issue (the others: `ignored`),
-    and of the files a delete cut short set aside (`<id>.img.deleting`: `set_aside`) unless the old
+    and of the files a delete cut short set aside (`<id>.img.deleting`: `notes`) unless the old
     database says the record is gone (the delete was acknowledged, or about to be: start-up removes the
     file). Otherwise the delete never happened, and start-up names the file back (startup.reconcile):
     its record must stay, attachments and all."""
     kind = os.path.basename(directory)  # "volumes" or "snapshots", as the tables
-    try:
-        names = sorted(os.listdir(directory))
-    except FileNotFoundError:
-        names = []
+    names = sorted(os.listdir(directory)) if os.path.isdir(directory) else []
     found = {Layout.id_of(n): n for n in names if n.endswith(IMAGE_SUFFIX)}
-    for n in names:
-        rid = Layout.id_of(n.removesuffix(files.DOOMED))
-        if n.endswith(IMAGE_SUFFIX + files.DOOMED) and rid not in found and not old.lacks(kind, rid):
+    aside = [
+        (Layout.id_of(n.removesuffix(files.DOOMED)), n)
+        for n in names
+        if n.endswith(IMAGE_SUFFIX + files.DOOMED)
+    ]
+    for rid, n in aside:
+        if rid not in found and valid(rid) and not old.lacks(kind, rid):
             found[rid] = n
-    items = sorted(found.items())
-    report.ignored += [os.path.join(directory, n) for i, n in items if not valid(i)]
-    report.set_aside += [f"{kind[:-1]} {i}" for i, n in items if valid(i) and n.endswith(files.DOOMED)]
-    return [(i, n) for i, n in items if valid(i)]
+            report.notes.append(f"kept {kind[:-1]} {rid}: a delete cut short set its file aside; the next "
+                                "start names it back")  # fmt: skip
+    report.ignored += [os.path.join(directory, n) for i, n in sorted(found.items()) if not valid(i)]
+    return [(i, n) for i, n in sorted(found.items()) if valid(i)]
 
 
 def _recover_volumes(
@@ -310,6 +308,8 @@ def _recover_volumes(
             name = ""
         report.volumes += 1
         report.named += bool(name)
+        if old.lacks("volumes", vid):  # a copy cut short is such a file too: it may be torn
+            report.notes.append(f"marked volume {vid} DATA_LOSS: {Ledger(store).mark_unrecorded(vid)}")
         done.add(vid)
         failpoints.hit("recover.volume-recorded")
     return done
@@ -393,8 +393,8 @@ def run_recover(data_dir: str, out: TextIO = sys.stdout) -> int:
         print(f"old database: {line}", file=out)
     for item in r.dropped:
         print(f"dropped {item}: its file is gone", file=out)
-    for item in r.set_aside:
-        print(f"kept {item}: a delete cut short set its file aside; the next start names it back", file=out)
+    for line in r.notes:
+        print(line, file=out)
     for path in r.ignored:
         print(f"ignored {path}: not a file name this driver issues", file=out)
     return 0
