@@ -177,6 +177,7 @@ def test_refuses_to_start_then_recover_state_restores_every_volume(
     rec = recover(data)
     assert rec.returncode == 0, rec.stderr
     assert "3 volume(s)" in rec.stdout and "3 snapshot(s)" in rec.stdout
+    assert "completed an interrupted run" not in rec.stdout, "no run was interrupted"
     assert digests(data) == s.digests
     assert any(p.name.startswith("state.db.broken-") for p in data.iterdir()) or how is _deleted
 
@@ -417,6 +418,8 @@ def test_an_interrupted_recover_state_loses_nothing_and_a_second_run_completes_i
     done = recover(data)
     assert done.returncode == 0, done.stderr
     assert "3 volume(s) (3 with their original names), 3 snapshot(s), 1 group snapshot(s)" in done.stdout
+    completed = f"completed an interrupted run: the old rows were read from {data}/state.db.new"
+    assert (completed in done.stdout) == (not old_in_place), done.stdout
     assert read_state(data) == before
     assert not (data / "state.db.building").exists() and not (data / "state.db.new").exists()
 

@@ -217,8 +217,9 @@ def recover_state(data_dir: str, now: Callable[[], float] = time.time) -> Report
 def _rebuild(layout: Layout, now: Callable[[], float]) -> Report:
     _discard(layout.building_db)  # what a run killed while building left; ours, never the old database
     # no state.db but a complete state.db.new: a run was cut between removing the old database and
-    # renaming its new one into place, and the rows to keep are in the new one
-    source = layout.state_db if _present(layout.state_db) else layout.rebuilt_db
+    # renaming its new one into place, and the rows to keep are in the new one (else none are left)
+    cut = not _present(layout.state_db) and _present(layout.rebuilt_db)
+    source = layout.rebuilt_db if cut else layout.state_db
     old = salvage(source)
     report = Report(read_from=source, problems=list(old.problems))
     try:
@@ -260,11 +261,10 @@ def _build(layout: Layout, old: Salvage, report: Report) -> None:
 def _images(
     directory: str, old: Salvage, report: Report, valid: Callable[[str], object]
 ) -> list[tuple[str, str]]:
-    """(id, file name) of the image files in `directory` with an id we issue (the others: `ignored`),
-    and of the files a delete cut short set aside (`<id>.img.deleting`: `notes`) unless the old
-    database says the record is gone (the delete was acknowledged, or about to be: start-up removes the
-    file). Otherwise the delete never happened, and start-up names the file back (startup.reconcile):
-    its record must stay, attachments and all."""
+    """(id, file name) of the image files in `directory` with an id we issue (the others: `ignored`), and
+    of the files a delete cut short set aside (`<id>.img.deleting`: `notes`) unless the old database says
+    the record is gone (the delete was acknowledged: start-up removes the file). Otherwise the delete
+    never happened and start-up names it back (startup.reconcile): its record stays, attachments and all."""
     kind = os.path.basename(directory)  # "volumes" or "snapshots", as the tables
     names = sorted(os.listdir(directory)) if os.path.isdir(directory) else []
     found = {Layout.id_of(n): n for n in names if n.endswith(IMAGE_SUFFIX)}
