@@ -15,7 +15,6 @@ Contracts:
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import os
 import re
@@ -24,7 +23,7 @@ import subprocess
 from collections.abc import Iterable, Mapping, Sequence
 from typing import NamedTuple, Protocol
 
-from csi import programs
+from csi import mountapi, programs
 from csi.failures import DriverError
 from csi.filesystems import (
     EXT_TYPES,
@@ -37,6 +36,8 @@ from csi.filesystems import (
     split_flags,
     zeroed_flags,
 )
+from csi.mountapi import Libc
+from shim import failpoints
 
 # Program -> Debian package that ships it (the Dockerfile installs exactly these packages).
 REQUIRED_TOOLS: dict[str, str] = {
@@ -185,36 +186,6 @@ class Probe(NamedTuple):
 # ---------------------------------------------------------------------------- the mounter
 
 
-class _Libc:
-    """mount(2)/umount2(2) through ctypes."""
-
-    def __init__(self) -> None:
-        # The interpreter's own symbols include libc; ctypes.util.find_library would run ldconfig in a
-        # subprocess, about 10 ms of start-up.
-        lib = ctypes.CDLL(None, use_errno=True)
-        self._mount = lib.mount
-        self._mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_char_p]
-        self._umount2 = lib.umount2
-        self._umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
-
-    def mount(self, source: str | None, target: str, fs_type: str | None, flags: int, data: str) -> None:
-        rc = self._mount(
-            source.encode() if source else None,
-            target.encode(),
-            fs_type.encode() if fs_type else None,
-            flags,
-            data.encode() if data else None,
-        )
-        if rc != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, os.strerror(err), target)
-
-    def umount2(self, target: str, flags: int) -> None:
-        if self._umount2(target.encode(), flags) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, os.strerror(err), target)
-
-
 class Mounter:
     """The node's OS operations. `runner` runs programs; `syscalls` selects libc mount/umount."""
 
@@ -228,10 +199,10 @@ class Mounter:
         self.runner: Runner = runner or SubprocessRunner()
         self.mountinfo_path = mountinfo_path
         self._mke2fs: tuple[int, ...] | None = None
-        self._libc: _Libc | None = None
+        self._libc: Libc | None = None
         if syscalls:
             try:
-                self._libc = _Libc()
+                self._libc = Libc()
             except (OSError, AttributeError):
                 self._libc = None  # fall back to the mount programs
 
@@ -350,15 +321,23 @@ class Mounter:
             raise _fail(result, f"mounting {source} at {target}")
 
     def bind(self, source: str, target: str, flags: Sequence[str]) -> None:
-        """Bind-mount `source` on `target`, then apply VFS `flags` (e.g. ro) with a bind remount."""
+        """Bind-mount `source` on `target` with the VFS `flags` (e.g. ro). Through the syscalls the bind
+        is attached with its flags already set (csi/mountapi.py): a crash leaves nothing or the finished
+        mount at the target. The mount programs, or a kernel before 5.12: a bind, then a bind remount."""
         set_bits, _, _ = split_flags(flags)
         vfs = [f for f in flags if f in VFS_FLAGS]
         # Security options (context=) travel with the bind: on an SELinux kernel kubelet's pod label.
         security = [f for f in flags if f.startswith(SECURITY_OPTIONS)]
         if self._libc is not None:
+            try:  # attached last: a failure leaves nothing at the target
+                if set_bits and mountapi.bind(source, target, set_bits, _flagged):
+                    return
+            except OSError as exc:
+                raise MountError(f"bind-mounting {source} at {target} failed: {exc.strerror}") from exc
             try:
                 self._libc.mount(source, target, None, MS_BIND, ",".join(security))
                 if set_bits:
+                    _flagged()
                     self._libc.mount(None, target, None, MS_BIND | MS_REMOUNT | set_bits, "")
                 return
             except OSError as exc:
@@ -398,3 +377,7 @@ class Mounter:
                 return True
             raise _fail(result, f"unmounting {target}")
         return True
+
+
+def _flagged() -> None:
+    failpoints.hit("node.publish.flagged")  # the bind made and flagged, not attached at the target yet

@@ -10,6 +10,7 @@ before the kill is intact.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import signal
@@ -134,6 +135,15 @@ def publish(w: World, vid: str) -> None:
     w.published[vid] = w.target(vid)
 
 
+def publish_ro_req(w: World, vid: str, cap: csi_pb2.VolumeCapability | None = None) -> Any:
+    """A read-only NodePublishVolume; `cap` (block) replaces the mount capability."""
+    req = publish_req(w, vid)
+    req.readonly = True
+    if cap is not None:
+        req.volume_capability.CopyFrom(cap)
+    return req
+
+
 def unpublish_req(w: World, vid: str) -> csi_pb2.NodeUnpublishVolumeRequest:
     return csi_pb2.NodeUnpublishVolumeRequest(volume_id=vid, target_path=w.target(vid))
 
@@ -256,6 +266,31 @@ def _published_check(w: World) -> None:
     assert Mounter().mount_at(w.target(vid)) is not None
 
 
+def write_refused(path: str, block: bool) -> int:
+    """The errno of a write through a published target (0: the write went through)."""
+    try:
+        if block:
+            fd = os.open(path, os.O_WRONLY)
+            try:
+                os.write(fd, b"written after the kill")
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        else:
+            Path(path, "written-after-the-kill").write_bytes(b"x")
+    except OSError as exc:
+        return exc.errno or -1
+    return 0
+
+
+def _published_ro_check(w: World) -> None:
+    """The retry of a read-only publish killed before its bind was attached: mounted read-only."""
+    _published_check(w)
+    mount = Mounter().mount_at(w.target(w.volumes["v"]))
+    assert mount is not None and mount.readonly, "the read-only publish is writable"
+    assert write_refused(w.target(w.volumes["v"]), block=False) == errno.EROFS
+
+
 def _unpublished_check(w: World) -> None:
     vid = w.volumes["v"]
     assert Mounter().mount_at(w.target(vid)) is None and not os.path.lexists(w.target(vid))
@@ -374,6 +409,10 @@ def _publish(w: World) -> tuple[str, str, Any]:
     return "node", "NodePublishVolume", publish_req(w, w.volumes["v"])
 
 
+def _publish_ro(w: World) -> tuple[str, str, Any]:
+    return "node", "NodePublishVolume", publish_ro_req(w, w.volumes["v"])
+
+
 def _unpublish(w: World) -> tuple[str, str, Any]:
     return "node", "NodeUnpublishVolume", unpublish_req(w, w.volumes["v"])
 
@@ -478,6 +517,7 @@ SCENARIOS: dict[str, Scenario] = {
     "node.unstage.unmounted": Scenario(_staged_with_files, _unstage, _unstaged_check),
     "node.publish.target-created": PUBLISH,
     "node.publish.bound": PUBLISH,
+    "node.publish.flagged": Scenario(_staged_with_files, _publish_ro, _published_ro_check),
     "node.unpublish.unmounted": Scenario(_published_with_files, _unpublish, _unpublished_check),
     "node.expand.grown": Scenario(_prepare_node_expand, _node_expand, _node_expand_check),
 }
@@ -543,6 +583,42 @@ def test_killed_at_a_step_then_restarted_the_retry_finishes_it_exactly_once(proc
         retry(call, request)
         retry(call, request)  # the retry is idempotent too
         scenario.check(w)
+        teardown(w)
+    finally:
+        w.client.close()
+        proc.stop()
+
+
+def test_a_read_only_block_publish_killed_before_its_bind_is_attached_is_read_only_after_the_retry(
+    proc: Proc,
+) -> None:
+    """The block twin of the `node.publish.flagged` scenario: the device node is bound read-only and
+    the device refuses writes once the retry answers OK."""
+    block = csi_pb2.VolumeCapability(
+        block=csi_pb2.VolumeCapability.BlockVolume(),
+        access_mode=csi_pb2.VolumeCapability.AccessMode(
+            mode=csi_pb2.VolumeCapability.AccessMode.SINGLE_NODE_WRITER
+        ),
+    )
+    proc.start()
+    w = World(proc=proc, client=connect(proc.current.endpoint))  # type: ignore[union-attr]
+    try:
+        vid = attached(w, "v")
+        stage_block = stage_req(w, vid)
+        stage_block.volume_capability.CopyFrom(block)
+        retry(w.client.node.NodeStageVolume, stage_block)
+        w.staged[vid] = w.staging(vid)
+        request = publish_ro_req(w, vid, block)
+        w.client.close()
+        killed_at(proc, w, "node.publish.flagged", "node", "NodePublishVolume", request)
+
+        w.client = connect(proc.start().endpoint)
+        w.published[vid] = w.target(vid)
+        retry(w.client.node.NodePublishVolume, request)
+        retry(w.client.node.NodePublishVolume, request)
+        mount = Mounter().mount_at(w.target(vid))
+        assert mount is not None and mount.readonly, "the read-only publish is writable"
+        assert write_refused(w.target(vid), block=True) in (errno.EROFS, errno.EPERM, errno.EACCES)
         teardown(w)
     finally:
         w.client.close()

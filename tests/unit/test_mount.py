@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from csi import keys
+from csi import keys, mountapi
 from csi.devices import fs_size
 from csi.failures import InvalidParameterError
 from csi.filesystems import (
@@ -523,6 +523,33 @@ def test_unmount_program_fallback(tmp_path: Path, path: str, mounted: bool, expe
 
 def test_libc_unmount_of_a_missing_path_is_success(tmp_path: Path) -> None:
     assert Mounter(FakeRunner()).unmount(str(tmp_path / "missing")) is False
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        pytest.param(["ro"], (mountapi.MOUNT_ATTR_RDONLY, 0), id="ro"),
+        pytest.param(
+            ["ro", "nodev", "nosuid", "noexec"],
+            (
+                mountapi.MOUNT_ATTR_RDONLY
+                | mountapi.MOUNT_ATTR_NODEV
+                | mountapi.MOUNT_ATTR_NOSUID
+                | mountapi.MOUNT_ATTR_NOEXEC,
+                0,
+            ),
+            id="several",
+        ),
+        pytest.param(["noatime"], (mountapi.MOUNT_ATTR_NOATIME, mountapi.MOUNT_ATTR__ATIME), id="noatime"),
+        pytest.param(
+            ["strictatime"], (mountapi.MOUNT_ATTR_STRICTATIME, mountapi.MOUNT_ATTR__ATIME), id="strict"
+        ),
+        pytest.param(["nodiratime"], (mountapi.MOUNT_ATTR_NODIRATIME, 0), id="nodiratime"),
+        pytest.param(["sync", "lazytime"], (0, 0), id="superblock-flags-are-not-per-mount"),
+    ],
+)
+def test_bind_flags_become_mount_attributes(flags: list[str], expected: tuple[int, int]) -> None:
+    assert mountapi.attributes(split_flags(flags)[0]) == expected
 
 
 def test_bind_flag_constant_matches_the_kernel() -> None:
