@@ -2,8 +2,10 @@
 
 Every handler validates its request completely (ids, paths under the allowed roots, capability, fs type,
 mount flags, mkfs options, partition) before anything touches the host, holds the volume's in-flight key
-(`node:<id>`), lets the staging core (csi/staging.py) do the work, and builds the reply. Handlers only
-raise; csi.errors turns exceptions into status codes. The contracts are stated in csi/staging.py.
+(`node:<id>`), lets the staging core (csi/staging.py) do the work, and builds the reply. Stage, publish
+and their reverses also hold the path's key (`path:<resolved path>`): two volumes at one path at once
+would both find it free and stack their mounts; the second is ABORTED, as a duplicate call is. Handlers
+only raise; csi.errors turns exceptions into status codes. The contracts are stated in csi/staging.py.
 """
 
 from __future__ import annotations
@@ -168,7 +170,7 @@ class NodeService(NodeHealthRPCs, csi_pb2_grpc.NodeServicer):
             flags = _mount_flags(cap, fs_type, explicit)
             mkfs_argv("/dev/null", fs_type, vc)  # validates the format options before anything runs
             fs = Filesystem(fs_type, explicit, flags, _readonly(cap, flags, request.publish_context), vc)
-        with self._inflight.hold(f"node:{volume_id}"):
+        with self._inflight.hold(f"node:{volume_id}", f"path:{staging}"):
             self.stager.stage(volume_id, request.publish_context, partition, staging, fs)
         return csi_pb2.NodeStageVolumeResponse()
 
@@ -179,7 +181,7 @@ class NodeService(NodeHealthRPCs, csi_pb2_grpc.NodeServicer):
         volume_id = request.volume_id
         _check_volume_id(volume_id)
         staging = self._path(request.staging_target_path, "staging_target_path")
-        with self._inflight.hold(f"node:{volume_id}"):
+        with self._inflight.hold(f"node:{volume_id}", f"path:{staging}"):
             self.stager.unstage(volume_id, staging)
         return csi_pb2.NodeUnstageVolumeResponse()
 
@@ -212,7 +214,7 @@ class NodeService(NodeHealthRPCs, csi_pb2_grpc.NodeServicer):
             bind_flags.append("ro")
         single_writer = self._one_target(cap.access_mode.mode)
         pub = Publication(staging, target, block, readonly, bind_flags, single_writer)
-        with self._inflight.hold(f"node:{volume_id}"):
+        with self._inflight.hold(f"node:{volume_id}", f"path:{target}"):
             self.stager.publish(volume_id, partition, pub)
         return csi_pb2.NodePublishVolumeResponse()
 
@@ -223,7 +225,7 @@ class NodeService(NodeHealthRPCs, csi_pb2_grpc.NodeServicer):
         volume_id = request.volume_id
         _check_volume_id(volume_id)
         target = self._path(request.target_path, "target_path")
-        with self._inflight.hold(f"node:{volume_id}"):
+        with self._inflight.hold(f"node:{volume_id}", f"path:{target}"):
             self.stager.unpublish(target)
         return csi_pb2.NodeUnpublishVolumeResponse()
 
