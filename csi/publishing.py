@@ -22,8 +22,11 @@ from csi.failures import AlreadyExistsError, FailedPreconditionError, InvalidPar
 from csi.mount import Mounter, MountError, MountInfo
 from shim import failpoints
 
-# Per-mount flags visible in mountinfo, compared when a target is published twice.
+# Per-mount flags visible in mountinfo, compared when a target is published twice; with the statvfs(3)
+# bit that shows each on the mount a bind copies them from.
 PER_MOUNT_FLAGS = frozenset({"nodev", "nosuid", "noexec", "noatime", "nodiratime"})
+_ST_FLAGS = {"ro": os.ST_RDONLY, "nodev": os.ST_NODEV, "nosuid": os.ST_NOSUID, "noexec": os.ST_NOEXEC}
+_ST_FLAGS |= {"noatime": os.ST_NOATIME, "nodiratime": os.ST_NODIRATIME}
 MAX_STACKED = 8  # unmounting peels at most this many mounts stacked on one path
 
 
@@ -75,7 +78,10 @@ class Publisher:
                 break
 
     def publish(self, volume_id: str, source: Source, pub: Publication) -> None:
-        """Bind `source` onto the target; already there with the same options -> no-op."""
+        """Bind `source` onto the target; already there with the same options -> no-op. The bind keeps
+        the per-mount flags of the source's mount (the staging mount's nodev, say) and adds the requested
+        ones; a read-write publish of a filesystem staged read-only -> FailedPreconditionError."""
+        pub = pub._replace(bind_flags=self._with_inherited(source, pub))
         current = self._mounter.mount_at(pub.target)
         if current is not None:
             _check_published(current, source, pub)
@@ -116,6 +122,25 @@ class Publisher:
             if devices.is_block_device(device):
                 self._sync_block_readonly(Source(device, (current.major, current.minor), current.root))
 
+    def _with_inherited(self, source: Source, pub: Publication) -> list[str]:
+        """The bind's flags: the requested ones and the per-mount flags of the mount holding the source
+        (the staging mount; for a device node, /dev's), which a bind keeps. A read-only staging cannot
+        give the read-write publish asked for, so that is refused, not made read-only."""
+        if pub.block:
+            shown = os.statvfs(source.path).f_flag
+            inherited = [name for name, bit in _ST_FLAGS.items() if shown & bit]
+        else:
+            staged = self._mounter.mount_at(pub.staging)
+            inherited = [f for f in staged.options if f in _ST_FLAGS] if staged else []
+        if "ro" in inherited and not pub.readonly and not pub.block:
+            raise FailedPreconditionError(
+                f"the volume is staged read-only at {pub.staging}; publish it read-only (readonly, a "
+                "read-only access mode or the ro flag), or stage it read-write"
+            )
+        if any(f in ("relatime", "strictatime") for f in pub.bind_flags):  # asked for: replaces noatime
+            inherited = [f for f in inherited if f != "noatime"]
+        return list(dict.fromkeys([*pub.bind_flags, *inherited]))
+
     def _bind(self, parent: int, source: Source, pub: Publication) -> None:
         """Bind right after re-checking that no symbolic link was planted on the way to the target (in
         `parent`, its directory's fd) or to the staging path it binds, since they were checked."""
@@ -134,11 +159,12 @@ class Publisher:
 
 
 def _check_published(current: MountInfo, source: Source, pub: Publication) -> None:
+    """`current` at the target is what this publish makes: the source, with the flags of the bind."""
     if (current.major, current.minor) != source.numbers or current.root != source.root:
         raise AlreadyExistsError(f"{pub.target} already holds another volume ({current.source})")
     wanted = {f for f in pub.bind_flags if f in PER_MOUNT_FLAGS}
     present = {f for f in current.options if f in PER_MOUNT_FLAGS}
-    if current.readonly != pub.readonly or wanted != present:
+    if current.readonly != ("ro" in pub.bind_flags) or wanted != present:
         raise AlreadyExistsError(f"the volume is already published at {pub.target} with other options")
 
 

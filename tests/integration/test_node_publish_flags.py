@@ -1,4 +1,5 @@
-"""NodePublishVolume on real mounts: one volume per path when two requests race for it."""
+"""NodePublishVolume on real mounts: the flags a bind keeps from its staging mount, the answers to a
+repeated publish, and one volume per path when two requests race for it."""
 
 from __future__ import annotations
 
@@ -9,10 +10,18 @@ from typing import Any
 import grpc
 import pytest
 
+from csi._proto import csi_pb2
 from csi.mount import Mounter
+from tests.csiclient import assert_code
 from tests.integration.conftest import NodeEnv, Volume, mount_cap
 
 pytestmark = pytest.mark.root
+
+
+def _options(path: str) -> set[str]:
+    mount = Mounter().mount_at(path)
+    assert mount is not None, f"nothing mounted at {path}"
+    return set(mount.options)
 
 
 def _formatted(env: NodeEnv) -> Volume:
@@ -21,6 +30,49 @@ def _formatted(env: NodeEnv) -> Volume:
     env.stage(vol, mount_cap())
     env.unstage(vol)
     return vol
+
+
+@pytest.mark.parametrize(
+    ("stage_flags", "publish_flags", "shown"),
+    [
+        pytest.param(("nodev",), (), {"nodev"}, id="nodev-staged"),
+        pytest.param(("noexec",), (), {"noexec"}, id="noexec-staged"),
+        pytest.param(("noatime",), (), {"noatime"}, id="noatime-staged"),
+        pytest.param(("nodev",), ("noatime",), {"nodev", "noatime"}, id="staged-and-published-flags"),
+        pytest.param((), ("nosuid", "ro"), {"nosuid", "ro"}, id="published-flags-only"),
+        pytest.param(("ro",), ("ro",), {"ro"}, id="read-only-staged-read-only-published"),
+    ],
+)
+def test_a_repeated_publish_gives_the_same_answer_whatever_the_staging_flags(
+    node_env: NodeEnv, stage_flags: tuple[str, ...], publish_flags: tuple[str, ...], shown: set[str]
+) -> None:
+    vol = _formatted(node_env)
+    node_env.stage(vol, mount_cap("ext4", stage_flags))
+    node_env.publish(vol, mount_cap("ext4", publish_flags))
+    assert shown <= _options(vol.target), "the bind keeps the staging flags and adds the requested ones"
+    node_env.publish(vol, mount_cap("ext4", publish_flags))  # spec: idempotent -> OK
+
+
+def test_a_read_write_publish_of_a_read_only_staging_is_refused_every_time(node_env: NodeEnv) -> None:
+    vol = _formatted(node_env)
+    node_env.stage(vol, mount_cap("ext4", ("ro",)))
+    request = csi_pb2.NodePublishVolumeRequest(
+        volume_id=vol.id,
+        staging_target_path=vol.staging,
+        target_path=vol.target,
+        volume_capability=mount_cap(),
+        publish_context=vol.publish_context,
+    )
+    for _ in range(2):
+        assert_code(
+            node_env.client.node.NodePublishVolume,
+            request,
+            grpc.StatusCode.FAILED_PRECONDITION,
+            contains="staged read-only",
+        )
+    assert Mounter().mount_at(vol.target) is None
+    node_env.publish(vol, mount_cap(), readonly=True)
+    node_env.publish(vol, mount_cap(), readonly=True)
 
 
 def _race(*calls: Callable[[], Any]) -> list[str]:
