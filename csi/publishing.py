@@ -118,7 +118,7 @@ class Publisher:
             failpoints.hit("node.unpublish.unmounted")
             _remove_target(parent, target)
         if current is not None and current.fs_type == "devtmpfs":
-            device = os.path.join("/dev", current.root.lstrip("/"))
+            device = _shown(current)
             if devices.is_block_device(device):
                 self._sync_block_readonly(Source(device, (current.major, current.minor), current.root))
 
@@ -161,11 +161,18 @@ class Publisher:
 def _check_published(current: MountInfo, source: Source, pub: Publication) -> None:
     """`current` at the target is what this publish makes: the source, with the flags of the bind."""
     if (current.major, current.minor) != source.numbers or current.root != source.root:
-        raise AlreadyExistsError(f"{pub.target} already holds another volume ({current.source})")
+        raise AlreadyExistsError(f"{pub.target} already holds another volume ({_shown(current)})")
     wanted = {f for f in pub.bind_flags if f in PER_MOUNT_FLAGS}
     present = {f for f in current.options if f in PER_MOUNT_FLAGS}
     if current.readonly != ("ro" in pub.bind_flags) or wanted != present:
         raise AlreadyExistsError(f"the volume is already published at {pub.target} with other options")
+
+
+def _shown(mount: MountInfo) -> str:
+    """What `mount` binds, for a message: a device node bind shows devtmpfs as its source."""
+    if mount.fs_type == "devtmpfs":
+        return os.path.join("/dev", mount.root.lstrip("/"))
+    return mount.source
 
 
 def _create_target(parent: int, target: str, block: bool) -> bool:

@@ -13,7 +13,7 @@ import pytest
 from csi._proto import csi_pb2
 from csi.mount import Mounter
 from tests.csiclient import assert_code
-from tests.integration.conftest import NodeEnv, Volume, mount_cap
+from tests.integration.conftest import MiB, NodeEnv, Volume, block_cap, mount_cap
 
 pytestmark = pytest.mark.root
 
@@ -73,6 +73,22 @@ def test_a_read_write_publish_of_a_read_only_staging_is_refused_every_time(node_
     assert Mounter().mount_at(vol.target) is None
     node_env.publish(vol, mount_cap(), readonly=True)
     node_env.publish(vol, mount_cap(), readonly=True)
+
+
+def test_a_target_holding_another_device_node_names_that_device(node_env: NodeEnv) -> None:
+    first, second = node_env.volume(16 * MiB), node_env.volume(16 * MiB)
+    for vol in (first, second):
+        node_env.stage(vol, block_cap())
+    node_env.publish(first, block_cap())
+    request = csi_pb2.NodePublishVolumeRequest(
+        volume_id=second.id,
+        staging_target_path=second.staging,
+        target_path=first.target,
+        volume_capability=block_cap(),
+        publish_context=second.publish_context,
+    )
+    message = assert_code(node_env.client.node.NodePublishVolume, request, grpc.StatusCode.ALREADY_EXISTS)
+    assert "/dev/loop" in message and "devtmpfs" not in message, message
 
 
 def _race(*calls: Callable[[], Any]) -> list[str]:
