@@ -45,6 +45,7 @@ log = logging.getLogger(__name__)
 PENDING_RETRY = 5.0
 UNSYNCED_RETRY = 1.0
 MAX_BACKOFF = 120.0
+BACKOFF_DOUBLINGS = 7  # 2**7 s passes MAX_BACKOFF: the exponent stops there (no float overflow, ever)
 
 
 class StoreClaims:
@@ -125,9 +126,13 @@ class Controller:
 
     def _on_lease(self, old: o.JsonObj | None, new: o.JsonObj | None) -> None:
         """A lock with an unfinished journal lost its holder (released, paused): pick it up. Leases
-        held by someone are left to expire (the busy retry and the resync come back to them)."""
+        held by someone are left to expire (the busy retry and the resync come back to them). A PV
+        whose last attempt failed waits for its backoff: each failed attempt releases its lock, and
+        that release must not start the next attempt at once."""
         if new is not None and not holder_of(new) and o.annotations_of(new).get(ANN_JOURNAL):
-            self._queue.add(f"pv/{pv_of(new)}")
+            key = f"pv/{pv_of(new)}"
+            if key not in self._failures:
+                self._queue.add(key)
 
     def enqueue_all(self) -> None:
         for pv in self.pvs.store.items():
@@ -199,7 +204,7 @@ class Controller:
     def _retry(self, key: str) -> None:
         failures = self._failures.get(key, 0) + 1
         self._failures[key] = failures
-        self._queue.add_after(key, min(MAX_BACKOFF, 2.0**failures))
+        self._queue.add_after(key, min(MAX_BACKOFF, 2.0 ** min(failures, BACKOFF_DOUBLINGS)))
 
     def _process(self, key: str) -> None:
         if not self.synced():
