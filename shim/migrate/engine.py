@@ -36,7 +36,17 @@ from shim.migrate.events import NORMAL, WARNING, Ref
 from shim.migrate.journal import CONVERT, MIGRATION_FAILPOINTS, ROLLBACK, Journal, JournalError
 from shim.migrate.kube import ApiError
 from shim.migrate.lock import Busy, LockLost, PVLock, PVLocks
-from shim.migrate.steps import STEP_FUNCTIONS, Changed, Context, InUse, Pending, Refused, get_pv, patch_fresh
+from shim.migrate.steps import (
+    STEP_FUNCTIONS,
+    Changed,
+    Context,
+    InUse,
+    Pending,
+    Refused,
+    get_pv,
+    patch_fresh,
+    refusal,
+)
 from shim.migrate.usage import current_claim
 from shim.plan import missing_driver
 
@@ -150,8 +160,10 @@ class Engine:
         return self._fits(pv, journal)
 
     def _fits(self, pv: o.JsonObj, journal: Journal) -> Journal | Outcome:
-        """The journal, or a "too-large" skip when the new PV or the journal's Lease would exceed
-        ANNOTATIONS_LIMIT (the API server would refuse every attempt with 422 Too long)."""
+        """The journal, or a skip: "too-large" when the new PV or the journal's Lease would exceed
+        ANNOTATIONS_LIMIT (the API server would refuse every attempt with 422 Too long); "bad-record"
+        (rollback) or "translation-failed" (convert) when a server-side dry run of the new PV's create
+        is refused, found before the old PV is touched rather than after it is deleted."""
         direction, limit = journal.direction, ANNOTATIONS_LIMIT
         target = annotations_size(o.annotations_of(journal.target))
         if target > limit:
@@ -169,6 +181,12 @@ class Engine:
                 "from the PV"
             )
             return self._skip(pv, direction, "too-large", message)
+        refused = refusal(self.ctx, journal.target)
+        if refused is not None:
+            reason = "bad-record" if direction == ROLLBACK else "translation-failed"
+            return self._skip(
+                pv, direction, reason, f"the API server would refuse the PV to create: {refused}"
+            )
         return journal
 
     def assess_convert(self, pv: o.JsonObj, journal_id: str) -> Journal | Outcome:

@@ -203,8 +203,13 @@ class KubeClient:
             if token is None:
                 return items, str(metadata.get("resourceVersion", ""))
 
-    def create(self, resource: Resource, body: JsonObj, namespace: str | None = None) -> JsonObj:
-        return self._json("create", "POST", resource.path(namespace), body)
+    def create(
+        self, resource: Resource, body: JsonObj, namespace: str | None = None, *, dry_run: bool = False
+    ) -> JsonObj:
+        """POST; with `dry_run` the API server validates and admits the object (a taken name is still
+        409 AlreadyExists, found after validation) but stores nothing."""
+        query = _query({"dryRun": "All"}) if dry_run else ""
+        return self._json("create", "POST", resource.path(namespace) + query, body)
 
     def update(self, resource: Resource, body: JsonObj) -> JsonObj:
         """PUT of the whole object; its metadata.resourceVersion makes it conditional."""

@@ -247,11 +247,27 @@ def release(ctx: Context, j: Journal, source: JsonObj) -> None:
     raise Pending(f"PV {j.pv} is still there after pv-protection was released (finalizers: {left})")
 
 
+def refusal(ctx: Context, target: JsonObj) -> str | None:
+    """Why the API server would refuse to create `target` (400/422 to a server-side dry run), checked
+    before anything is changed; None when it would take it or only its name is taken (by the old PV)."""
+    try:
+        ctx.client.create(PVS, target, dry_run=True)
+    except ApiError as exc:
+        if exc.status in (400, 422):
+            return exc.message
+        if not exc.already_exists:
+            raise
+    return None
+
+
 def create(ctx: Context, j: Journal, source: JsonObj) -> None:
-    """Create the target PV; one this journal created before (same journal id) counts as done."""
+    """Create the target PV; one this journal created before (same journal id) counts as done. A
+    lasting refusal (e.g. 422 Invalid) stops the journal here (Refused): retrying cannot help."""
     try:
         created = ctx.client.create(PVS, j.target)
     except ApiError as exc:
+        if exc.lasting and not exc.already_exists:
+            raise Refused(f"the API server refuses the PV to create: {exc}") from None
         if not exc.already_exists:
             raise
         found = get_pv(ctx, j.pv)

@@ -17,6 +17,7 @@ unknown paths and configured failures are answered with a Kubernetes `Status` ob
 from __future__ import annotations
 
 import json
+import re
 import threading
 import uuid
 from collections.abc import Mapping
@@ -28,6 +29,9 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 RECORDED = Path(__file__).parent / "testdata" / "cluster"
+QUALIFIED_NAME = re.compile(
+    r"([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+)
 
 # API path -> recorded response file.
 LIST_PATHS: Mapping[str, str] = {
@@ -78,6 +82,19 @@ def _status(code: int, reason: str, message: str) -> dict[str, Any]:
         "reason": reason,
         "code": code,
     }
+
+
+def _invalid(body: Obj) -> str | None:
+    """Two of the API server's validations: label keys are qualified names, accessModes is a list."""
+    for key in (body.get("metadata") or {}).get("labels") or {}:
+        if not QUALIFIED_NAME.fullmatch(key):
+            return (
+                f'metadata.labels: Invalid value: "{key}": name part must consist of alphanumeric characters'
+            )
+    modes = (body.get("spec") or {}).get("accessModes")
+    if modes is not None and not isinstance(modes, list):
+        return "spec.accessModes: Invalid value: must be a list"
+    return None
 
 
 class FakeKubeAPI:
@@ -159,12 +176,18 @@ class FakeKubeAPI:
         obj.setdefault("metadata", {})["resourceVersion"] = str(self._version)
         return obj
 
-    def _create(self, path: str, body: Obj) -> Answer:
+    def _create(self, path: str, body: Obj, dry_run: bool) -> Answer:
+        """A create: validated first (422), then a taken name (409); a dry run stores nothing."""
         items = self.lists.setdefault(path, {"kind": "List", "metadata": {}, "items": []})["items"]
         metadata = body.setdefault("metadata", {})
         metadata.setdefault("name", f"{metadata.get('generateName', 'object-')}{self._version}")
+        invalid = _invalid(body)
+        if invalid is not None:
+            return 422, _status(422, "Invalid", invalid)
         if any(i["metadata"]["name"] == metadata["name"] for i in items):
             return 409, _status(409, "AlreadyExists", f"{metadata['name']} already exists")
+        if dry_run:
+            return 201, body
         metadata["uid"] = str(uuid.uuid4())
         items.append(self._written(body))
         return 201, body
@@ -207,7 +230,7 @@ class FakeKubeAPI:
         if method == "GET" and path in self.lists:
             return self._page(path, query)
         if method == "POST":
-            return self._create(path, body)
+            return self._create(path, body, dry_run=query.get("dryRun") == "All")
         parent, _, name = path.rpartition("/")
         items = self.lists.get(parent, {}).get("items", [])
         obj = next((i for i in items if i.get("metadata", {}).get("name") == name), None)

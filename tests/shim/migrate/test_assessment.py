@@ -174,6 +174,10 @@ def converted_with_record(changes: Obj) -> Obj:
             {"spec": {**pv_in("Available", None)["spec"], "capacity": {"storage": 5}}}, id="capacity-number"
         ),
         pytest.param({"metadata": {"name": "pv-1", "annotations": ["a"]}}, id="annotations-list"),
+        pytest.param({"metadata": {"name": "pv-1", "labels": {"bad key": "x"}}}, id="label-key-invalid"),
+        pytest.param(
+            {"spec": {**pv_in("Available", None)["spec"], "accessModes": "ReadWriteOnce"}}, id="modes-string"
+        ),
     ],
 )
 def test_a_malformed_record_is_skipped_not_a_crash(actor: Actor, changes: Obj) -> None:

@@ -165,3 +165,17 @@ def test_delete_is_refused_when_the_pv_changes_after_its_last_check(
         steps.delete(context(client), j, j.source)
     left = the_pv(api)
     assert left is not None and "deletionTimestamp" not in left["metadata"]
+
+
+def test_a_pv_the_api_server_refuses_to_create_stops_the_journal(
+    api: FakeKubeAPI, client: KubeClient
+) -> None:
+    """A lasting refusal (422 Invalid) is Refused (a MigrationStuck Event, no hot retry), not an error
+    retried for ever; the dry run the assessment makes finds it before anything changes."""
+    api.lists[PVS] = {"kind": "List", "metadata": {}, "items": []}
+    j = journal(bound_pv(deleting=False), "create")
+    j.target["metadata"]["labels"] = {"bad key": "x"}
+    assert "bad key" in (steps.refusal(context(client), j.target) or "")
+    with pytest.raises(steps.Refused, match="refuses the PV to create: 422 Invalid"):
+        steps.create(context(client), j, j.source)
+    assert api.lists[PVS]["items"] == [] and steps.refusal(context(client), j.source) is None
