@@ -62,6 +62,7 @@ __all__ = [
 
 MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")
 STDIN_NAME = "<stdin>"
+MAX_DEPTH = 100  # Kubernetes objects nest about a dozen levels; the YAML writer fails past about 330
 
 
 class _Loader(yaml.SafeLoader):
@@ -116,18 +117,39 @@ def _fill_typed_list_items(value: Any) -> None:
                 item.setdefault("apiVersion", api_version)
 
 
+def _nests_beyond(value: Any, limit: int) -> bool:
+    """Whether `value` nests maps and lists more than `limit` deep (walked without recursion)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
+
+
 def load_text(text: str, source: str) -> list[Manifest]:
-    """Parse and check every document in `text` (JSON stream if it starts with `{`/`[`, else YAML)."""
+    """Parse and check every document in `text` (JSON stream if it starts with `{`/`[`, else YAML).
+    A document nesting deeper than MAX_DEPTH is a ManifestError, before anything recurses over it."""
     stripped = text.lstrip()
     values = _iter_json(text, source) if stripped[:1] in ("{", "[") else _iter_yaml(text, source)
     manifests: list[Manifest] = []
-    for number, value in enumerate(values, start=1):
-        if value is None:
-            continue  # an empty YAML document
-        location = Location(source, number)
-        _fill_typed_list_items(value)
-        check_object(value, location)
-        manifests.append(Manifest(location, value))
+    number = 0
+    try:
+        for number, value in enumerate(values, start=1):
+            if value is None:
+                continue  # an empty YAML document
+            if _nests_beyond(value, MAX_DEPTH):
+                raise ManifestError(f"{source}, document {number}: nests deeper than {MAX_DEPTH} levels")
+            location = Location(source, number)
+            _fill_typed_list_items(value)
+            check_object(value, location)
+            manifests.append(Manifest(location, value))
+    except RecursionError:  # the parser itself ran out of stack on a deeper document
+        raise ManifestError(f"{source}, document {number + 1}: nests too deep to read") from None
     return manifests
 
 

@@ -475,6 +475,19 @@ BAD_INPUT = [
         ["document 1, items[0] (PersistentVolume a): spec.cinder.volumeID: required field is missing"],
         id="list-item",
     ),
+    pytest.param(
+        "apiVersion: v1\nkind: PersistentVolume\nmetadata: {name: p, labels: "
+        + "{a: " * 150
+        + "b"
+        + "}" * 151,
+        ["document 1: nests deeper than 100 levels"],
+        id="nested-deeper-than-kubernetes-objects",
+    ),
+    pytest.param(
+        '{"apiVersion": "v1", "kind": "PersistentVolume", "x": ' + "[" * 5000 + "]" * 5000 + "}",
+        ["document 1: nests too deep to read"],
+        id="nested-past-the-parser",
+    ),
 ]
 
 
