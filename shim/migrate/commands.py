@@ -2,8 +2,8 @@
 
 Exit codes: 0 done; 1 something blocked (or, for the controller, its leader lease was lost, so the
 pod restarts as Kubernetes' own components do); 2 bad input: flags that do not fit (a --namespace that
-is not a valid namespace name included), an unusable kubeconfig, an API server that cannot be reached
-or refuses the first request. A later API error of `apply`, `rollback` or `status` that stops the
+is not a valid namespace name and a --selector the API server cannot parse included), an unusable
+kubeconfig, an API server that cannot be reached or refuses the first request. A later API error of `apply`, `rollback` or `status` that stops the
 command raises oneshot.ClusterError: exit 2 when the credentials are refused (401, 403) or no response
 came, else 1.
 """
@@ -59,6 +59,8 @@ def run_controller(args: argparse.Namespace) -> int:
     logs.setup(args.log_format)
     metrics = Metrics(version(), args.holder_identity)
     client = connect(args, metrics)
+    if args.selector:
+        _probe(client, args.selector, reachable=False)
     controller = Controller(client, metrics, args)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -80,12 +82,19 @@ def run_controller(args: argparse.Namespace) -> int:
         client.close()
 
 
-def _probe(client: KubeClient) -> None:
-    """Fail early (exit 2) when the API server cannot be reached or refuses us."""
+def _probe(client: KubeClient, selector: str | None, *, reachable: bool) -> None:
+    """Fail early (exit 2) when the API server refuses --selector (400: it parses it as every later list
+    would), or, when `reachable` is asked, when it cannot be reached or refuses us. The controller asks
+    only about its selector: a cluster it cannot reach yet it keeps retrying, as Kubernetes' own do."""
     try:
-        client.list_page(PVS, limit=1)
+        client.list_page(PVS, limit=1, **({"labelSelector": selector} if selector else {}))
     except ApiError as exc:
-        raise UsageError(f"cannot use the cluster: {exc}") from None
+        if exc.status == 400 and selector:
+            raise UsageError(
+                f"--selector: {selector!r} is not a valid label selector: {exc.message}"
+            ) from None
+        if reachable:
+            raise UsageError(f"cannot use the cluster: {exc}") from None
 
 
 def run_one_shot(args: argparse.Namespace, out: TextIO) -> int:
@@ -94,7 +103,7 @@ def run_one_shot(args: argparse.Namespace, out: TextIO) -> int:
         args.workers = 4
     client = connect(args, metrics)
     try:
-        _probe(client)
+        _probe(client, args.selector, reachable=True)
         usage = live_usage(client)
         if args.command == "status":
             locks = PVLocks(client, args.namespace, Holder("status", version(), 30))

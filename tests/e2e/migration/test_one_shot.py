@@ -168,3 +168,19 @@ def test_api_errors_are_one_line_and_a_lock_that_cannot_be_taken_fails_its_pv(
     )
     assert "Traceback" not in log
     assert "awsElasticBlockStore" in kube.get(pvs(name))["spec"]
+
+
+@pytest.mark.parametrize("command", ["status", "apply", "controller"])
+def test_a_selector_the_api_server_cannot_parse_is_bad_input(release: MigrationRelease, command: str) -> None:
+    """Exit 2 and one line naming --selector: not a controller that stays healthy while every list of
+    its PV cache is refused, nor exit 1 as if a PV were blocked."""
+    if command == "controller":
+        process = release.start(
+            "bad-selector", "--selector=migrate in (wave-1", "--leader-elect=false"
+        ).process
+    else:
+        process = release.one_shot(command, "--selector=a=b=c")
+    code, log = finished(process, timeout=60)
+    assert code == 2, log
+    assert log.startswith("ballast-migrate: --selector: "), log
+    assert "is not a valid label selector" in log and log.count("\n") == 1, log
