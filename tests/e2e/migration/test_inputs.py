@@ -111,6 +111,21 @@ def test_malformed_source_is_skipped_with_an_event_and_a_metric(
             id="unknown-plugin",
         ),
         pytest.param("{truncated", "bad-record", "is not JSON", id="malformed-record"),
+        pytest.param(
+            json.dumps(
+                {
+                    "metadata": {"name": "@", "labels": {"bad key": "x"}},
+                    "spec": {
+                        "capacity": {"storage": "1Gi"},
+                        "accessModes": ["ReadWriteOnce"],
+                        "awsElasticBlockStore": {"volumeID": "vol-0123456789abcdef0"},
+                    },
+                }
+            ),
+            "bad-record",
+            "the API server would refuse the PV to create",
+            id="record-the-api-server-refuses",
+        ),
     ],
 )
 def test_unusable_records_are_skipped_and_the_pv_left_alone(
