@@ -3,9 +3,9 @@
 Exit codes: 0 done; 1 something blocked (or, for the controller, its leader lease was lost, so the
 pod restarts as Kubernetes' own components do); 2 bad input: flags that do not fit (a --namespace that
 is not a valid namespace name and a --selector the API server cannot parse included), an unusable
-kubeconfig, an API server that cannot be reached or refuses the first request. A later API error of `apply`, `rollback` or `status` that stops the
-command raises oneshot.ClusterError: exit 2 when the credentials are refused (401, 403) or no response
-came, else 1.
+kubeconfig, an API server that cannot be reached or refuses the first request. A later API error of
+`apply`, `rollback` or `status` that stops the command raises oneshot.ClusterError: exit 2 when the
+credentials are refused (401, 403) or no response came, else 1.
 """
 
 from __future__ import annotations
