@@ -130,16 +130,23 @@ def inject_errors(
     return codes
 
 
-def lose_answers(client: Any, operation: str, times: int) -> list[None]:
+def lose_answers(client: Any, operation: str, times: int, status: int = 0, code: str = "") -> list[None]:
     """The next `times` calls of `operation` (CamelCase) reach moto and take effect, then their answer is
-    lost on the way back (a connection error after the request was served). Returns the list, which
-    empties as answers are lost."""
+    lost on the way back: a connection error after the request was served, or with `status`, an HTTP
+    error in its place (a gateway's bare 502/504, whose code botocore makes the status, or EC2's `code`).
+    Returns the list, which empties as answers are lost."""
     left: list[None] = [None] * times
 
-    def lose(**kwargs: Any) -> None:
-        if left:
-            left.pop()
+    def lose(http_response: Any, parsed: dict[str, Any], **kwargs: Any) -> None:
+        if not left:
+            return
+        left.pop()
+        if not status:
             raise EndpointConnectionError(endpoint_url="injected: answer lost")
+        http_response.status_code = status
+        error = {"Code": code or str(status), "Message": f"injected {code or status} after the work was done"}
+        parsed.clear()
+        parsed.update({"Error": error, "ResponseMetadata": {"HTTPStatusCode": status}})
 
     client.meta.events.register(f"after-call.ec2.{operation}", lose)
     return left

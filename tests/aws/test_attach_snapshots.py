@@ -202,13 +202,24 @@ def test_a_create_snapshot_whose_answer_is_lost_makes_one_snapshot(backend: AwsB
     assert backend.ec2.retry_counts().get("create_snapshot") == 1
 
 
+@pytest.mark.parametrize(
+    ("status", "code"),
+    [
+        pytest.param(0, "", id="connection-lost"),
+        pytest.param(504, "", id="gateway-504"),
+        pytest.param(502, "", id="gateway-502"),
+        pytest.param(500, "InternalError", id="ec2-internal-error"),
+        pytest.param(503, "ServiceUnavailable", id="ec2-service-unavailable"),
+    ],
+)
 def test_a_lost_create_snapshot_answer_is_looked_for_until_ec2_lists_it(
-    backend: AwsBackend, ec2: Any
+    backend: AwsBackend, ec2: Any, status: int, code: str
 ) -> None:
-    """EC2 may list a snapshot it has just made only a moment later: after a lost answer, one lookup
-    that finds nothing does not make a second snapshot; it is looked for again."""
+    """EC2 may list a snapshot it has just made only a moment later: after an answer that may have come
+    after the work was done (a lost connection, a server error), one lookup that finds nothing does not
+    make a second snapshot; it is looked for again."""
     vid = volume(backend, "pvc-1")
-    lost = lose_answers(backend.ec2.client, "CreateSnapshot", 1)
+    lost = lose_answers(backend.ec2.client, "CreateSnapshot", 1, status, code)
     lookups: list[int] = []
 
     def not_listed_yet(**kwargs: Any) -> Any:
@@ -222,6 +233,22 @@ def test_a_lost_create_snapshot_answer_is_looked_for_until_ec2_lists_it(
     assert lost == [] and len(lookups) >= 3, "the answer was lost and the lag was seen"
     made = ec2.describe_snapshots(OwnerIds=["self"])["Snapshots"]
     assert [s["SnapshotId"] for s in made] == [snap.id]
+    assert backend.ec2.retry_counts().get("create_snapshot") == 1
+
+
+def test_a_throttled_create_snapshot_is_retried_after_one_lookup(backend: AwsBackend, ec2: Any) -> None:
+    """Throttling (a 503 too) is EC2 refusing before it acts: nothing to wait for in the listing."""
+    vid = volume(backend, "pvc-1")
+    throttled = inject_errors(backend.ec2.client, "CreateSnapshot", ["RequestLimitExceeded"], status=503)
+    lookups: list[int] = []
+
+    def count(**kwargs: Any) -> None:
+        lookups.append(1)
+
+    backend.ec2.client.meta.events.register("before-call.ec2.DescribeSnapshots", count)
+    snap = backend.create_snapshot("snap-throttled", vid, {})
+    assert throttled == [] and len(lookups) == 2, "one lookup before the call, one before its retry"
+    assert [s["SnapshotId"] for s in ec2.describe_snapshots(OwnerIds=["self"])["Snapshots"]] == [snap.id]
 
 
 def test_snapshot_name_reused_for_another_volume_already_exists(backend: AwsBackend) -> None:

@@ -29,7 +29,7 @@ from botocore.parsers import ResponseParserError
 
 from csi import failures
 from csi.backends.aws.batching import Batcher, Records, grouped
-from csi.backends.aws.errors import UnsupportedActionError, error_code, retried, translate
+from csi.backends.aws.errors import UnsupportedActionError, error_code, may_have_acted, retried, translate
 
 log = logging.getLogger("ballast.aws")
 # Seconds a volume EC2 just created may go unlisted (its API is eventually consistent) before it is
@@ -96,8 +96,9 @@ class Ec2:
         """`call` for an operation EC2 cannot make idempotent (CreateSnapshot takes no client token):
         before each retry `landed()` is asked whether the failed attempt took effect after all (its
         answer lost on the way back); what it returns is the response, and nothing is tried again.
-        After an answer that may have been lost (a connection failure), EC2 may not list what the
-        attempt made for a moment: `landed()` is asked again for up to LISTING_LAG seconds."""
+        After an answer that may have been lost (a connection failure, or a server error that can
+        follow the work done: errors.may_have_acted), EC2 may not list what the attempt made for a
+        moment: `landed()` is asked again for up to LISTING_LAG seconds."""
         return self._call(operation, params, landed)
 
     def _call(
@@ -117,6 +118,7 @@ class Ec2:
                 if not retried(exc) or not delays:
                     raise translate(exc, operation) from exc
                 log.info("EC2 %s: %s, retrying", operation, error_code(exc))
+                lost = may_have_acted(exc)
             except (ConnectionError, HTTPClientError) as exc:
                 if not delays:
                     raise failures.TransientError(f"EC2 {operation}: endpoint unreachable: {exc}") from exc
@@ -140,7 +142,8 @@ class Ec2:
                 return found
 
     def _landed(self, landed: Callable[[], dict[str, Any] | None], lost: bool) -> dict[str, Any] | None:
-        """`landed()`; after a lost answer, asked until it finds something or _listing_lag has passed."""
+        """`landed()`; after a possibly lost answer, asked until something is found or _listing_lag
+        has passed."""
         deadline = time.monotonic() + (self._listing_lag if lost else 0)
         while (found := landed()) is None and time.monotonic() < deadline:
             time.sleep(0.5)  # each look is an EC2 call: paced by the clock, whatever `sleep` the backoff has

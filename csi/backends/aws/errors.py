@@ -110,6 +110,27 @@ def retried(exc: ClientError) -> bool:
     return error_code(exc) in RETRIED_CODES or _bare_server_error(exc)
 
 
+# Codes by which EC2 (and the EBS direct APIs) refuse a request before acting on it: throttling.
+THROTTLING_CODES = frozenset(
+    {
+        "RequestLimitExceeded",
+        "Throttling",
+        "ThrottlingException",
+        "RequestThrottled",
+        "RequestThrottledException",
+        "ConcurrentLimitExceededException",
+    }
+)
+
+
+def may_have_acted(exc: ClientError) -> bool:
+    """Whether a failed request may have taken effect all the same: a server failure (HTTP 5xx: a
+    gateway's bare 502/504, EC2's InternalError) can come after EC2 carried the request out, as a lost
+    connection can; throttling (even as a 503) is a refusal before anything was done."""
+    status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
+    return int(status) >= 500 and error_code(exc) not in THROTTLING_CODES
+
+
 def translate(exc: ClientError, operation: str) -> failures.DriverError:
     """The backend error for an EC2 ClientError; the message names the operation and EC2's reason."""
     code = error_code(exc)
