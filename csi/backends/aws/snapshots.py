@@ -109,7 +109,7 @@ class EbsSnapshots:
             OwnerIds=["self"],
         )
         named = tagged_exactly(found, P.TAG_SNAPSHOT_NAME, name)
-        return min(named, key=lambda s: s["SnapshotId"]) if named else None
+        return min(named, key=lambda s: (s.get("StartTime") or 0, s["SnapshotId"])) if named else None
 
     def delete(self, snapshot_id: str) -> None:
         self._ec2.call("delete_snapshot", SnapshotId=P.snapshot_id(snapshot_id))
