@@ -184,6 +184,19 @@ def test_client_token_is_stable_and_within_ec2_limits() -> None:
         pytest.param(
             [{"failure-domain.beta.kubernetes.io/zone": "us-east-1d"}], [], "us-east-1d", id="legacy-zone-key"
         ),
+        pytest.param(
+            [{EBS_ZONE: "eu-west-1a"}, {EBS_ZONE: OTHER_ZONE}],
+            [{EBS_ZONE: "eu-west-1a"}],
+            OTHER_ZONE,
+            id="a-preferred-zone-the-region-lacks-gives-way-to-a-requisite-one",
+        ),
+        pytest.param(
+            [{EBS_ZONE: "eu-west-1a"}, {EBS_ZONE: OTHER_ZONE}],
+            [],
+            OTHER_ZONE,
+            id="a-requisite-zone-the-region-lacks-gives-way-to-the-next",
+        ),
+        pytest.param([], [{EBS_ZONE: "eu-west-1a"}], ZONE, id="a-preferred-zone-the-region-lacks-is-skipped"),
     ],
 )
 def test_topology_picks_the_zone(
@@ -194,8 +207,26 @@ def test_topology_picks_the_zone(
 
 
 def test_unknown_zone_cannot_be_placed(backend: AwsBackend) -> None:
+    with pytest.raises(OutOfCapacityError, match="mars-north-1a"):
+        backend.create_volume("pvc-nz", opts(backend, requisite=[{EBS_ZONE: "mars-north-1a"}]))
+
+
+def test_a_zone_ec2_lists_later_is_placed_without_a_restart(backend: AwsBackend) -> None:
+    """The region's zones are read again (once a call) before a zone is refused: one that became
+    available since the last read (an AZ back from impaired, a Local Zone opted into) is usable."""
+    reads = record_calls(backend.ec2.client, "DescribeAvailabilityZones")
+    inject_responses(
+        backend.ec2.client,
+        "DescribeAvailabilityZones",
+        [{"AvailabilityZones": [{"ZoneName": ZONE, "State": "available"}]}],
+    )
+    first = backend.create_volume("pvc-first", opts(backend, requisite=[{EBS_ZONE: ZONE}]))
+    assert first.topology[EBS_ZONE] == ZONE
+    later = backend.create_volume("pvc-later", opts(backend, requisite=[{EBS_ZONE: OTHER_ZONE}]))
+    assert later.topology[EBS_ZONE] == OTHER_ZONE and len(reads) == 2
     with pytest.raises(OutOfCapacityError):
         backend.create_volume("pvc-nz", opts(backend, requisite=[{EBS_ZONE: "mars-north-1a"}]))
+    assert len(reads) == 3, "a zone the region lacks costs one read again, no more"
 
 
 def test_multi_attach_needs_io2(backend: AwsBackend, ec2: Any) -> None:

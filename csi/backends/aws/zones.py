@@ -24,7 +24,6 @@ class Zones:
         self._ec2 = ec2
         self._keys = (zone_key, keys.WELL_KNOWN_ZONE, keys.LEGACY_ZONE)
         self._zone = "" if zone == "local" else zone
-        self._default = ""
         self._known: list[str] = []
 
     def zone_of(self, segment: Mapping[str, str]) -> str:
@@ -38,28 +37,41 @@ class Zones:
         return None if not zones or "" in zones else zones
 
     def pick(self, options: DiskOptions) -> str:
-        """A zone of this region: the first preferred one that satisfies requisite, else the first
-        requisite one, else the default. A zone the region does not offer -> OutOfCapacityError."""
-        zone = self._choose(options)
-        if not self._known:
+        """The first zone of this region among the preferred zones that satisfy requisite, then the
+        requisite zones (CSI CreateVolume: the volume "MUST be accessible from at least one of the
+        requisite topologies", so a zone the region lacks gives way to the next), else the configured
+        zone, else the region's first. The region's zones are read once, and read again before
+        refusing (a zone EC2 lists since: an AZ back from `impaired`, a Local Zone opted into); none
+        of the candidates among them -> OutOfCapacityError."""
+        fresh = not self._known
+        if fresh:
             self._known = self._ec2.zones()
-        if zone not in self._known:
-            raise OutOfCapacityError(
-                f"zone {zone!r} is not an available zone of this region ({', '.join(self._known)})"
-            )
-        return zone
-
-    def _choose(self, options: DiskOptions) -> str:
-        allowed = self.requisite(options)
-        for segment in options.preferred:
-            zone = self.zone_of(segment)
-            if zone and (allowed is None or zone in allowed):
-                return zone
-        if allowed:
-            return allowed[0]
-        if not self._default:
-            zones = self._ec2.zones()
-            self._default = self._zone or os.environ.get(ZONE_ENV, "") or (zones[0] if zones else "")
-        if not self._default:
+        zone = self._first_known(options)
+        if not zone and not fresh:
+            self._known = self._ec2.zones()
+            zone = self._first_known(options)
+        if zone:
+            return zone
+        wanted = self._candidates(options)
+        if not wanted:
             raise OutOfCapacityError("no availability zone is available in this region")
-        return self._default
+        raise OutOfCapacityError(
+            f"no zone the volume may go to ({', '.join(wanted)}) is an available zone of this region "
+            f"({', '.join(self._known) or 'none'})"
+        )
+
+    def _first_known(self, options: DiskOptions) -> str:
+        """The first of the candidate zones the region offers, as last read ("" when none)."""
+        return next((z for z in self._candidates(options) if z in self._known), "")
+
+    def _candidates(self, options: DiskOptions) -> list[str]:
+        """The zones a volume may go to, in order: preferred ones within requisite, then requisite ones;
+        without a zone-restricting requisite, the preferred ones, then the configured zone or else the
+        region's first."""
+        allowed = self.requisite(options)
+        preferred = [self.zone_of(s) for s in options.preferred]
+        chosen = [z for z in preferred if z and (allowed is None or z in allowed)]
+        if allowed is not None:
+            return list(dict.fromkeys([*chosen, *allowed]))
+        default = self._zone or os.environ.get(ZONE_ENV, "")
+        return list(dict.fromkeys([*chosen, *([default] if default else self._known[:1])]))
