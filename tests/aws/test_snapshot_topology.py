@@ -1,6 +1,6 @@
 """Snapshot accessibility on EBS: the zones a CreateSnapshot with requisite topology is promised are
 kept in a tag and reported as its topology; a requisite outside the region, or a restore that none of
-the promised zones satisfies, is RESOURCE_EXHAUSTED."""
+the promised zones satisfies, is RESOURCE_EXHAUSTED; any other restore lands in a promised zone."""
 
 from __future__ import annotations
 
@@ -62,3 +62,29 @@ def test_a_restore_stays_in_the_promised_zones(backend: AwsBackend) -> None:
     )
     restored = backend.create_volume("restored", either)
     assert restored.topology[keys.WELL_KNOWN_ZONE] == ZONE, "the preferred zone was not promised"
+
+
+@pytest.mark.parametrize(
+    ("requisite", "preferred", "zone"),
+    [
+        pytest.param([], [], OTHER_ZONE, id="no-requirements"),
+        pytest.param([], [_segment(ZONE)], OTHER_ZONE, id="preferred-outside-the-promise"),
+        pytest.param([{"kubernetes.io/hostname": "node-1"}], [], OTHER_ZONE, id="requisite-without-a-zone"),
+        pytest.param(
+            [{"kubernetes.io/hostname": "node-1"}],
+            [_segment(ZONE), _segment("us-east-1c")],
+            "us-east-1c",
+            id="preferred-promised-zone-first",
+        ),
+    ],
+)
+def test_a_restore_without_a_zone_requirement_lands_in_a_promised_zone(
+    backend: AwsBackend, requisite: list[dict[str, str]], preferred: list[dict[str, str]], zone: str
+) -> None:
+    """docs/aws.md: a restore "otherwise lands in one of them", not in the driver's default zone (ZONE)."""
+    vol = backend.create_volume("v", DiskOptions(size_bytes=GiB))
+    promised = [_segment(OTHER_ZONE), _segment("us-east-1c")]
+    snap = backend.create_snapshot("s", vol.id, {}, requisite=promised)
+    source = ContentSource(SourceKind.SNAPSHOT, snap.id)
+    restore = DiskOptions(size_bytes=GiB, source=source, requisite=requisite, preferred=preferred)
+    assert backend.create_volume("restored", restore).topology[keys.WELL_KNOWN_ZONE] == zone

@@ -276,18 +276,22 @@ class VolumeCreator:
         return self._create_in(self._zones.pick(options), name, options, request)
 
     def _within(self, options: DiskOptions, snapshot_id: str, zones: list[str]) -> DiskOptions:
-        """A restore stays in the zones its snapshot was promised for (none promised: anywhere); a
-        requisite that names none of them -> OutOfCapacityError."""
-        allowed = self._zones.requisite(options)
-        if not zones or allowed is None:
+        """A restore lands in a zone its snapshot was promised for (none promised: anywhere), preferred
+        ones first; a requisite that names none of them -> OutOfCapacityError."""
+        if not zones:
             return options
-        if not set(allowed) & set(zones):
+        allowed = self._zones.requisite(options)
+        if allowed is None:
+            requisite: list[Mapping[str, str]] = [{self._zone_key: z} for z in zones]
+        else:
+            requisite = [s for s in options.requisite if self._zones.zone_of(s) in zones]
+        if not requisite:
             raise OutOfCapacityError(
                 f"snapshot {snapshot_id} is accessible from {', '.join(zones)}, none of the requisite "
-                f"zones {', '.join(allowed)}"
+                f"zones {', '.join(allowed or [])}"
             )
         return options._replace(
-            requisite=[s for s in options.requisite if self._zones.zone_of(s) in zones],
+            requisite=requisite,
             preferred=[s for s in options.preferred if self._zones.zone_of(s) in zones],
         )
 
