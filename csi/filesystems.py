@@ -7,17 +7,19 @@ safe to place in an argv list (they never reach a shell).
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 from collections.abc import Mapping, Sequence
 
 from csi import keys, mkfs_limits
 from csi.failures import InvalidParameterError
-from csi.values import Parser, boolean, checked, power_of_two, whole
+from csi.values import Parser, boolean, checked, choice, power_of_two, whole
 
 FS_TYPES = ("ext4", "ext3", "xfs")
 DEFAULT_FS_TYPE = "ext4"
 EXT_TYPES = frozenset({"ext3", "ext4"})
+PAGE_SIZE = max(os.sysconf("SC_PAGE_SIZE"), 1024)  # mke2fs refuses ext blocks larger than a page
 # The smallest device each filesystem is made on: mkfs.xfs (xfsprogs 5.19 and later) refuses less.
 MIN_DEVICE_BYTES = {"xfs": 300 * 1024 * 1024}
 
@@ -69,28 +71,54 @@ VFS_FLAGS: dict[str, tuple[int, int]] = {
     "strictatime": (MS_STRICTATIME, 0),
     "lazytime": (MS_LAZYTIME, 0),
 }
-_NUM = r"[0-9]{1,9}"
-# Filesystem options passed as mount data: exact names, or name=value with the value pattern.
-FS_OPTIONS: dict[str, dict[str, str | None]] = {
-    "ext4": {
-        "discard": None,
-        "nodiscard": None,
-        "barrier": None,
-        "nobarrier": None,
-        "barrier=": "[01]",
-        "data=": "ordered|writeback|journal",
-        "commit=": _NUM,
-        "errors=": "remount-ro|continue",
-        "acl": None,
-        "user_xattr": None,
-        "auto_da_alloc": None,
-        "noauto_da_alloc": None,
-        "delalloc": None,
-        "nodelalloc": None,
-        "dioread_nolock": None,
-        "journal_checksum": None,
-        "stripe=": _NUM,
-    },
+
+_SUFFIX_SHIFT = {"": 0, "k": 10, "m": 20, "g": 30}
+
+
+def _xfs_size(low: int, high: int, *, zero: bool = False) -> Parser:
+    """A size as xfs reads it (bytes, or with a k, m or g suffix) that is a power of two from `low` to
+    `high` bytes (or 0, the default, when `zero`): what the kernel takes, or a subset of it."""
+    said = f"{'0 or ' if zero else ''}a power of two from {_kmg(low)} to {_kmg(high)} (bytes, or k, m or g)"
+
+    def parse(value: str) -> str:
+        found = re.fullmatch(r"([0-9]{1,10})([kKmMgG]?)", value)
+        n = int(found[1]) << _SUFFIX_SHIFT[found[2].lower()] if found else -1
+        if not (zero and n == 0) and not (low <= n <= high and n & (n - 1) == 0):
+            raise ValueError(said)
+        return value
+
+    return parse
+
+
+def _kmg(n: int) -> str:
+    """`n` bytes with the largest of the suffixes k, m, g that divides it ("16k", "1g")."""
+    shift, unit = max((shift, u) for u, shift in _SUFFIX_SHIFT.items() if n % (1 << shift) == 0)
+    return f"{n >> shift}{unit}"
+
+
+# commit= (seconds): the kernel refuses more than INT_MAX / HZ; 2147483 is within that for any HZ.
+MAX_COMMIT_SECONDS = (2**31 - 1) // 1000
+# Filesystem options passed as mount data: exact names (None), or name= with a parser of the value. The
+# ext4 driver mounts ext3 too, and refuses the options it marks ext4-only (MOPT_EXT4_ONLY) there.
+_EXT_OPTIONS: dict[str, Parser | None] = {
+    "discard": None,
+    "nodiscard": None,
+    "barrier": None,
+    "nobarrier": None,
+    "barrier=": choice("0", "1"),
+    "errors=": choice("remount-ro", "continue"),
+    "acl": None,
+    "user_xattr": None,
+    "auto_da_alloc": None,
+    "noauto_da_alloc": None,
+    "stripe=": whole(0, 999_999_999),
+    "data=": choice("ordered", "writeback", "journal"),
+    "commit=": whole(0, MAX_COMMIT_SECONDS),
+}
+_EXT4_ONLY = ("delalloc", "nodelalloc", "dioread_nolock", "journal_checksum")
+FS_OPTIONS: dict[str, dict[str, Parser | None]] = {
+    "ext4": {**_EXT_OPTIONS, **dict.fromkeys(_EXT4_ONLY)},
+    "ext3": _EXT_OPTIONS,
     "xfs": {
         "discard": None,
         "nodiscard": None,
@@ -106,12 +134,12 @@ FS_OPTIONS: dict[str, dict[str, str | None]] = {
         "gquota": None,
         "pquota": None,
         "prjquota": None,
-        "allocsize=": r"[0-9]{1,6}[kmg]?",
-        "logbufs=": "[2-8]",
-        "logbsize=": r"[0-9]{1,6}[k]?",
+        # the kernel takes an allocsize whose lowest set bit is from a page to 1 GiB
+        "allocsize=": _xfs_size(PAGE_SIZE, 2**30),
+        "logbufs=": whole(2, 8),
+        "logbsize=": _xfs_size(16 * 1024, 256 * 1024, zero=True),  # a version 2 log's (every v5 xfs)
     },
 }
-FS_OPTIONS["ext3"] = {k: v for k, v in FS_OPTIONS["ext4"].items() if k not in ("dioread_nolock",)}
 
 
 # SELinux: kubelet mounts a volume with the pod's label (`-o context="<user>:<role>:<type>:<level>"`)
@@ -172,16 +200,24 @@ def check_mount_flags(flags: Sequence[str], fs_type: str | None) -> list[str]:
                         f"mount flag {flag!r}: not an SELinux context; expected context="
                         '"user:role:type:level", e.g. context="system_u:object_r:container_file_t:s0:c1,c2"'
                     )
-            elif flag not in VFS_FLAGS and not _fs_option_ok(flag, allowed):
-                where = f"for {fs_type}" if fs_type else "for this access type"
-                security = {k.rstrip("=") for k in SECURITY_OPTIONS} if fs_type else set()
-                raise InvalidParameterError(
-                    f"mount flag {flag!r} is not allowed {where}; allowed: "
-                    + ", ".join(sorted(set(VFS_FLAGS) | {k.rstrip("=") for k in allowed} | security))
-                )
+            elif flag not in VFS_FLAGS and (expected := _fs_option_refused(flag, allowed)) is not None:
+                raise _not_allowed(flag, fs_type, expected)
             out.append(flag)
     _check_consistent(out)
     return out
+
+
+def _not_allowed(flag: str, fs_type: str | None, expected: str) -> InvalidParameterError:
+    """The refusal of `flag`: what its value should be (`expected`), or the names allowed for `fs_type`."""
+    where = f"for {fs_type}" if fs_type else "for this access type"
+    if expected:
+        return InvalidParameterError(f"mount flag {flag!r} is not allowed {where}: expected {expected}")
+    security = {k.rstrip("=") for k in SECURITY_OPTIONS} if fs_type else set()
+    names = {k.rstrip("=") for k in FS_OPTIONS.get(fs_type or "", {})}
+    return InvalidParameterError(
+        f"mount flag {flag!r} is not allowed {where}; allowed: "
+        + ", ".join(sorted(set(VFS_FLAGS) | names | security))
+    )
 
 
 def check_mount_flags_any(flags: Sequence[str]) -> list[str]:
@@ -200,7 +236,14 @@ def check_mount_flags_any(flags: Sequence[str]) -> list[str]:
 
 def _check_consistent(flags: Sequence[str]) -> None:
     """VFS flags that undo each other (ro and rw, sync and async) -> InvalidParameterError: the kernel
-    would take the last one, while the request's own reading (is it read-only?) may take the other."""
+    would take the last one, while the request's own reading (is it read-only?) may take the other.
+    So is ext4's delalloc with data=journal (the last data= counts), which the kernel refuses."""
+    data = [f for f in flags if f.startswith("data=")]
+    if data and data[-1] == "data=journal" and "delalloc" in flags:
+        raise InvalidParameterError(
+            "mount flags 'data=journal' and 'delalloc' contradict each other (ext4 does not delay "
+            "allocation while it journals data); keep one of them"
+        )
     vfs = [f for f in dict.fromkeys(flags) if f in VFS_FLAGS]
     for i, first in enumerate(vfs):
         for second in vfs[i + 1 :]:
@@ -210,12 +253,19 @@ def _check_consistent(flags: Sequence[str]) -> None:
                 )
 
 
-def _fs_option_ok(flag: str, allowed: Mapping[str, str | None]) -> bool:
-    if "=" not in flag:
-        return flag in allowed and allowed[flag] is None
-    name, _, value = flag.partition("=")
-    pattern = allowed.get(name + "=")
-    return pattern is not None and re.fullmatch(pattern, value) is not None
+def _fs_option_refused(flag: str, allowed: Mapping[str, Parser | None]) -> str | None:
+    """None when `allowed` takes `flag`; else what its value should be ('' when its name is unknown)."""
+    name, equals, value = flag.partition("=")
+    if not equals:
+        return None if flag in allowed and allowed[flag] is None else ""
+    parser = allowed.get(name + "=")
+    if parser is None:
+        return ""
+    try:
+        parser(value)
+    except ValueError as exc:
+        return f"{name}= {exc}"
+    return None
 
 
 def split_flags(flags: Sequence[str]) -> tuple[int, int, list[str]]:
@@ -231,6 +281,15 @@ def split_flags(flags: Sequence[str]) -> tuple[int, int, list[str]]:
     return set_bits, clear_bits, data
 
 
+def mount_failure(source: str, target: str, fs_type: str, flags: Sequence[str], error: OSError) -> str:
+    """The message of a mount(2) that failed with `error`, naming the flags it had: for EINVAL the
+    kernel refused the filesystem or one of them (its log, dmesg, says which)."""
+    said = f"mounting {source} ({fs_type}) at {target} with flags {','.join(flags) or '(none)'} failed"
+    if error.errno == errno.EINVAL:
+        return f"{said}: {error.strerror}; the kernel refused the filesystem or one of these flags"
+    return f"{said}: {error.strerror}"
+
+
 # ---------------------------------------------------------------------------- mkfs options
 
 # Format option (keys.FORMAT_KEYS) -> (mkfs flag, value prefix, parser), in argv order. The ranges are
@@ -240,7 +299,6 @@ _XFS_MKFS: MkfsTable = {  # mkfs.xfs makes CRC-enabled (v5) filesystems: no 512-
     keys.BLOCK_SIZE: ("-b", "size=", power_of_two(1024, 65536)),
     keys.INODE_SIZE: ("-i", "size=", power_of_two(512, 2048)),
 }
-PAGE_SIZE = max(os.sysconf("SC_PAGE_SIZE"), 1024)  # mke2fs refuses ext blocks larger than a page
 _EXT_MKFS: MkfsTable = {
     keys.BLOCK_SIZE: ("-b", "", power_of_two(1024, PAGE_SIZE)),
     keys.INODE_SIZE: ("-I", "", power_of_two(128, 4096)),

@@ -33,6 +33,7 @@ from csi.filesystems import (
     VFS_FLAGS,
     mke2fs_version,
     mkfs_argv,
+    mount_failure,
     split_flags,
     zeroed_flags,
 )
@@ -312,11 +313,9 @@ class Mounter:
                 self._libc.mount(source, target, fs_type, set_bits, ",".join(data))
                 return
             except OSError as exc:
-                raise MountError(f"mounting {source} ({fs_type}) at {target} failed: {exc.strerror}") from exc
-        argv = ["mount", "-t", fs_type]
-        if flags:
-            argv += ["-o", ",".join(flags)]
-        result = self.runner([*argv, source, target], timeout=300)
+                raise MountError(mount_failure(source, target, fs_type, flags, exc)) from exc
+        argv = ["mount", "-t", fs_type, *(["-o", ",".join(flags)] if flags else []), source, target]
+        result = self.runner(argv, timeout=300)
         if result.returncode != 0:
             raise _fail(result, f"mounting {source} at {target}")
 

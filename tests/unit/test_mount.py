@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import errno
+import os
+import re
 import struct
 from pathlib import Path
 
@@ -19,6 +22,7 @@ from csi.filesystems import (
     check_mount_flags,
     check_mount_flags_any,
     mkfs_argv,
+    mount_failure,
     split_flags,
 )
 from csi.mount import Mounter, MountError, parse_mountinfo
@@ -80,12 +84,75 @@ def test_fs_types_rejected(fs_type: str) -> None:
         ),
         pytest.param(["inode64", "logbufs=8"], "xfs", ["inode64", "logbufs=8"], id="xfs-specific"),
         pytest.param(["discard"], "xfs", ["discard"], id="discard-xfs"),
+        pytest.param(["logbsize=16k", "logbsize=262144"], "xfs", None, id="xfs-logbsize-edges"),
+        pytest.param(["logbsize=0", "logbsize=64K"], "xfs", None, id="xfs-logbsize-default-and-upper-k"),
+        pytest.param(
+            ["allocsize=1g", "allocsize=64m", f"allocsize={PAGE_SIZE}"], "xfs", None, id="xfs-allocsize"
+        ),
+        pytest.param(["commit=2147483"], "ext4", None, id="ext4-longest-commit-any-hz-takes"),
+        pytest.param(["data=journal", "nodelalloc"], "ext4", None, id="ext4-data-journal-nodelalloc"),
+        pytest.param(["delalloc", "data=journal", "data=ordered"], "ext4", None, id="ext4-last-data-counts"),
+        pytest.param(["data=journal", "commit=5"], "ext3", None, id="ext3-journal-options"),
         pytest.param(["noexec"], None, ["noexec"], id="vfs-on-block"),
         pytest.param([], "ext4", [], id="none"),
     ],
 )
-def test_mount_flags_allowed(flags: list[str], fs_type: str | None, expected: list[str]) -> None:
-    assert check_mount_flags(flags, fs_type) == expected
+def test_mount_flags_allowed(flags: list[str], fs_type: str | None, expected: list[str] | None) -> None:
+    assert check_mount_flags(flags, fs_type) == (flags if expected is None else expected)
+
+
+@pytest.mark.parametrize(
+    ("flags", "fs_type", "message"),
+    [
+        pytest.param(["delalloc"], "ext3", "'delalloc' is not allowed for ext3", id="ext3-delalloc"),
+        pytest.param(["nodelalloc"], "ext3", "'nodelalloc' is not allowed for ext3", id="ext3-nodelalloc"),
+        pytest.param(
+            ["journal_checksum"], "ext3", "'journal_checksum' is not allowed", id="ext3-journal-checksum"
+        ),
+        pytest.param(["dioread_nolock"], "ext3", "'dioread_nolock' is not allowed", id="ext3-dioread-nolock"),
+        pytest.param(
+            ["logbsize=1024"], "xfs", "logbsize= 0 or a power of two from 16k to 256k", id="logbsize-1024"
+        ),
+        pytest.param(["logbsize=7k"], "xfs", "'logbsize=7k' is not allowed for xfs", id="logbsize-7k"),
+        pytest.param(["logbsize=512k"], "xfs", "'logbsize=512k'", id="logbsize-over-256k"),
+        pytest.param(["logbsize=16kk"], "xfs", "'logbsize=16kk'", id="logbsize-two-suffixes"),
+        pytest.param(["allocsize=3k"], "xfs", "allocsize= a power of two from", id="allocsize-3k"),
+        pytest.param(["allocsize=12k"], "xfs", "'allocsize=12k'", id="allocsize-not-a-power-of-two"),
+        pytest.param(["allocsize=0"], "xfs", "'allocsize=0'", id="allocsize-0"),
+        pytest.param(["allocsize=2g"], "xfs", "'allocsize=2g'", id="allocsize-over-1g"),
+        pytest.param(
+            ["commit=999999999"], "ext4", "commit= a whole number from 0 to 2147483", id="commit-too-long"
+        ),
+        pytest.param(
+            ["data=journal", "delalloc"], "ext4", "'data=journal' and 'delalloc'", id="journal-delalloc"
+        ),
+        pytest.param(
+            ["delalloc,nodelalloc,data=journal"], "ext4", "'delalloc'", id="delalloc-undone-still-refused"
+        ),
+    ],
+)
+def test_mount_flags_the_kernel_refuses_are_refused_first(
+    flags: list[str], fs_type: str, message: str
+) -> None:
+    """The kernel refuses these with EINVAL (checked on the real kernel by
+    tests/integration/test_mount_flags_kernel.py): refused here, before the device is formatted."""
+    with pytest.raises(InvalidParameterError, match=re.escape(message)):
+        check_mount_flags(flags, fs_type)
+
+
+@pytest.mark.parametrize(
+    ("errno_", "said"),
+    [
+        pytest.param(errno.EINVAL, "Invalid argument; the kernel refused the filesystem or one", id="einval"),
+        pytest.param(errno.EBUSY, "failed: Device or resource busy", id="other"),
+    ],
+)
+def test_a_failed_mount_names_its_flags(errno_: int, said: str) -> None:
+    message = mount_failure(
+        "/dev/loop3", "/s", "xfs", ["noatime", "logbufs=8"], OSError(errno_, os.strerror(errno_))
+    )
+    assert message.startswith("mounting /dev/loop3 (xfs) at /s with flags noatime,logbufs=8 failed: ")
+    assert said in message
 
 
 @pytest.mark.parametrize(
