@@ -305,7 +305,8 @@ _EXT_MKFS: MkfsTable = {
     keys.BYTES_PER_INODE: ("-i", "", whole(1024, 64 * 1024**2)),
     keys.NUMBER_OF_INODES: ("-N", "", whole(mkfs_limits.MIN_INODES, 2**32 - 1)),
 }
-_EXT4_CLUSTER: MkfsTable = {keys.EXT4_CLUSTER_SIZE: ("-C", "", power_of_two(1024, 2**29))}
+# mke2fs: "invalid cluster size" unless above 1024 bytes (EXT2_MIN_CLUSTER_SIZE) and at most 2^29
+_EXT4_CLUSTER: MkfsTable = {keys.EXT4_CLUSTER_SIZE: ("-C", "", power_of_two(2048, 2**29))}
 
 
 VOLUME_ATTRIBUTE = "volume attribute"

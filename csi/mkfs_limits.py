@@ -37,8 +37,8 @@ def check_xfs(opts: Mapping[str, str], what: str) -> None:
 
 def check_ext(opts: Mapping[str, str], what: str) -> None:
     """What mke2fs refuses in combination, whatever the volume's size: an inode larger than a block
-    ("invalid inode size"), an inode ratio that leaves no room beside the inode table, fewer bytes per
-    inode than a bigalloc cluster (at most one inode per cluster)."""
+    ("invalid inode size"), an inode ratio that leaves no room beside the inode table, a bigalloc
+    cluster smaller than a block, fewer bytes per inode than a cluster (at most one inode per cluster)."""
     block, inode, ratio = _sizes(opts)
     if inode > (block or SMALL_EXT_BLOCK):
         fix = f"at most {block}" if block else f"at most {SMALL_EXT_BLOCK}, or set {keys.BLOCK_SIZE} too"
@@ -54,11 +54,30 @@ def check_ext(opts: Mapping[str, str], what: str) -> None:
             f"use at least {least}"
         )
     cluster = _cluster(opts)
+    _check_cluster(opts, block, what)
     if ratio and cluster and ratio < cluster:
         raise InvalidParameterError(
             f"{what} {keys.BYTES_PER_INODE}={ratio}: a bigalloc filesystem has at most one inode per "
             f"cluster ({cluster} bytes); use at least {cluster}"
         )
+
+
+def _check_cluster(opts: Mapping[str, str], block: int, what: str) -> None:
+    """mke2fs: "The cluster size may not be smaller than the block size." Without blockSize the block
+    is the largest mke2fs may pick, DEFAULT_EXT_BLOCK (it picks SMALL_EXT_BLOCK only under 512 MiB)."""
+    cluster = int(opts.get(keys.EXT4_CLUSTER_SIZE) or 0)
+    if not cluster or cluster >= (block or DEFAULT_EXT_BLOCK):
+        return
+    why = f"use an {keys.EXT4_CLUSTER_SIZE} of at least {block or DEFAULT_EXT_BLOCK}"
+    if not block:
+        why = (
+            f"mke2fs makes {DEFAULT_EXT_BLOCK}-byte blocks on a volume of 512 MiB or more unless told "
+            f"otherwise: {why}, or set {keys.BLOCK_SIZE} too"
+        )
+    raise InvalidParameterError(
+        f"{what}s {keys.EXT4_CLUSTER_SIZE}={cluster} and {keys.BLOCK_SIZE}={block or 'unset'}: a bigalloc "
+        f"cluster is at least a block; {why}"
+    )
 
 
 def _cluster(opts: Mapping[str, str]) -> int:

@@ -142,6 +142,38 @@ REFUSED = [
         ["-O", "bigalloc", "-C", str(MiB), "-i", "65536"],
         id="ext4-bigalloc-more-inodes-than-clusters",
     ),
+    pytest.param(
+        "ext4",
+        {keys.EXT4_BIGALLOC: "true", keys.EXT4_CLUSTER_SIZE: "1024"},
+        GiB,
+        keys.EXT4_CLUSTER_SIZE,
+        ["-O", "bigalloc", "-C", "1024"],
+        id="ext4-cluster-1024",
+    ),
+    pytest.param(
+        "ext4",
+        {keys.EXT4_BIGALLOC: "true", keys.EXT4_CLUSTER_SIZE: "1024", keys.BLOCK_SIZE: "1024"},
+        64 * MiB,
+        keys.EXT4_CLUSTER_SIZE,
+        ["-b", "1024", "-O", "bigalloc", "-C", "1024"],
+        id="ext4-cluster-1024-a-block",
+    ),
+    pytest.param(
+        "ext4",
+        {keys.EXT4_BIGALLOC: "true", keys.EXT4_CLUSTER_SIZE: "2048"},
+        GiB,
+        keys.EXT4_CLUSTER_SIZE,
+        ["-O", "bigalloc", "-C", "2048"],
+        id="ext4-cluster-under-the-default-block",
+    ),
+    pytest.param(
+        "ext4",
+        {keys.EXT4_BIGALLOC: "true", keys.EXT4_CLUSTER_SIZE: "2048", keys.BLOCK_SIZE: "4096"},
+        GiB,
+        keys.EXT4_CLUSTER_SIZE,
+        ["-b", "4096", "-O", "bigalloc", "-C", "2048"],
+        id="ext4-cluster-under-the-block",
+    ),
 ]
 
 
@@ -192,6 +224,24 @@ ACCEPTED = [
         {keys.EXT4_BIGALLOC: "true", keys.EXT4_CLUSTER_SIZE: str(MiB)},
         16 * MiB,
         id="ext4-bigalloc-smallest",
+    ),
+    pytest.param(
+        "ext4",
+        {keys.EXT4_BIGALLOC: "true", keys.EXT4_CLUSTER_SIZE: "2048", keys.BLOCK_SIZE: "1024"},
+        64 * MiB,
+        id="ext4-smallest-cluster",
+    ),
+    pytest.param(
+        "ext4",
+        {keys.EXT4_BIGALLOC: "true", keys.EXT4_CLUSTER_SIZE: "4096", keys.BLOCK_SIZE: "4096"},
+        GiB,
+        id="ext4-cluster-a-block",
+    ),
+    pytest.param(
+        "ext4",
+        {keys.EXT4_BIGALLOC: "true", keys.EXT4_CLUSTER_SIZE: "4096"},
+        GiB,
+        id="ext4-cluster-default-block",
     ),
 ]
 

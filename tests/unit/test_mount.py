@@ -303,6 +303,17 @@ def test_mkfs_argv(fs_type: str, options: dict[str, str], expected: list[str]) -
             id="ext-bigalloc-ratio-under-the-cluster",
         ),
         pytest.param("ext4", {keys.NUMBER_OF_INODES: "15"}, id="ext-fewer-than-16-inodes"),
+        pytest.param("ext4", {keys.EXT4_BIGALLOC: "true", keys.EXT4_CLUSTER_SIZE: "1024"}, id="cluster-1024"),
+        pytest.param(
+            "ext4",
+            {keys.EXT4_BIGALLOC: "true", keys.EXT4_CLUSTER_SIZE: "1024", keys.BLOCK_SIZE: "1024"},
+            id="cluster-1024-even-with-1024-blocks",
+        ),
+        pytest.param(
+            "ext4",
+            {keys.EXT4_BIGALLOC: "true", keys.EXT4_CLUSTER_SIZE: "2048", keys.BLOCK_SIZE: "4096"},
+            id="cluster-under-the-block",
+        ),
     ],
 )
 def test_mkfs_argv_rejects(fs_type: str, options: dict[str, str]) -> None:
@@ -340,6 +351,15 @@ def test_mkfs_argv_rejects(fs_type: str, options: dict[str, str]) -> None:
             {"what": "parameter"},
             "parameter ext4ClusterSize needs ext4BigAlloc=true",
             id="cluster-without-bigalloc",
+        ),
+        pytest.param(
+            "ext4",
+            {keys.EXT4_BIGALLOC: "true", keys.EXT4_CLUSTER_SIZE: "2048"},
+            {"what": "parameter"},
+            "ext4 parameters ext4ClusterSize=2048 and blockSize=unset: a bigalloc cluster is at least a "
+            "block; mke2fs makes 4096-byte blocks on a volume of 512 MiB or more unless told otherwise: "
+            "use an ext4ClusterSize of at least 4096, or set blockSize too",
+            id="cluster-under-the-block-mke2fs-picks",
         ),
     ],
 )
