@@ -16,16 +16,16 @@ from csi import keys, mkfs_limits
 from csi.failures import InvalidParameterError
 from csi.values import Parser, boolean, checked, choice, power_of_two, whole
 
-FS_TYPES = ("ext4", "ext3", "xfs")
+FS_TYPES = ("ext4", "ext3", "ext2", "xfs")
 DEFAULT_FS_TYPE = "ext4"
-EXT_TYPES = frozenset({"ext3", "ext4"})
+EXT_TYPES = frozenset({"ext2", "ext3", "ext4"})  # made, checked and grown by e2fsprogs
 PAGE_SIZE = max(os.sysconf("SC_PAGE_SIZE"), 1024)  # mke2fs refuses ext blocks larger than a page
 # The smallest device each filesystem is made on: mkfs.xfs (xfsprogs 5.19 and later) refuses less.
 MIN_DEVICE_BYTES = {"xfs": 300 * 1024 * 1024}
 
 
 def parse_fs_type(value: str) -> str:
-    """A filesystem the node can create, in any case: ext4, ext3 or xfs (ValueError otherwise)."""
+    """A filesystem the node can create, in any case: one of FS_TYPES (ValueError otherwise)."""
     fs = value.strip().lower()
     if fs not in FS_TYPES:
         raise ValueError(f"one of {', '.join(FS_TYPES)}")
@@ -39,7 +39,7 @@ def requested_fs_type(cap_fs_type: str, volume_context: Mapping[str, str]) -> st
 
 
 def check_fs_type(value: str, what: str = "fs type") -> str:
-    """The filesystem to use: '' -> ext4; anything else outside ext4/ext3/xfs -> InvalidParameterError."""
+    """The filesystem to use: '' -> ext4; anything else outside FS_TYPES -> InvalidParameterError."""
     if not value:
         return DEFAULT_FS_TYPE
     try:
@@ -99,7 +99,8 @@ def _kmg(n: int) -> str:
 # commit= (seconds): the kernel refuses more than INT_MAX / HZ; 2147483 is within that for any HZ.
 MAX_COMMIT_SECONDS = (2**31 - 1) // 1000
 # Filesystem options passed as mount data: exact names (None), or name= with a parser of the value. The
-# ext4 driver mounts ext3 too, and refuses the options it marks ext4-only (MOPT_EXT4_ONLY) there.
+# ext4 driver mounts ext3 and ext2 too (CONFIG_EXT4_USE_FOR_EXT2, as distribution kernels build it), and
+# refuses there the options it marks ext4-only (MOPT_EXT4_ONLY), and on ext2 the journal's (MOPT_NO_EXT2).
 _EXT_OPTIONS: dict[str, Parser | None] = {
     "discard": None,
     "nodiscard": None,
@@ -112,13 +113,16 @@ _EXT_OPTIONS: dict[str, Parser | None] = {
     "auto_da_alloc": None,
     "noauto_da_alloc": None,
     "stripe=": whole(0, 999_999_999),
+}
+_JOURNAL_OPTIONS: dict[str, Parser | None] = {
     "data=": choice("ordered", "writeback", "journal"),
     "commit=": whole(0, MAX_COMMIT_SECONDS),
 }
 _EXT4_ONLY = ("delalloc", "nodelalloc", "dioread_nolock", "journal_checksum")
 FS_OPTIONS: dict[str, dict[str, Parser | None]] = {
-    "ext4": {**_EXT_OPTIONS, **dict.fromkeys(_EXT4_ONLY)},
-    "ext3": _EXT_OPTIONS,
+    "ext4": {**_EXT_OPTIONS, **_JOURNAL_OPTIONS, **dict.fromkeys(_EXT4_ONLY)},
+    "ext3": {**_EXT_OPTIONS, **_JOURNAL_OPTIONS},
+    "ext2": _EXT_OPTIONS,
     "xfs": {
         "discard": None,
         "nodiscard": None,

@@ -1,7 +1,7 @@
 """What the kernel reports about the health of a filesystem: the OS layer of volume and storage health.
 
 - ext4 counts the errors it met per filesystem in sysfs (/sys/fs/ext4/<dev>/errors_count, kept in the
-  superblock until fsck clears it): any -> DEGRADED.
+  superblock until fsck clears it): any -> DEGRADED. So for ext3 and ext2, which the ext4 driver mounts.
 - xfs marks the metadata it found corrupt as "sick" (XFS_IOC_FSGEOMETRY, XFS_IOC_AG_GEOMETRY): any ->
   DEGRADED; a filesystem xfs shut down answers EIO -> INACCESSIBLE.
 - A filesystem mounted read-write whose superblock is read-only (or, since Linux 6.11, flagged

@@ -1,5 +1,5 @@
-"""What mkfs.ext4, mkfs.ext3 and mkfs.xfs refuse in combination, and the volume size mkfs options
-need: the limits filesystems.mkfs_argv holds the options to beyond each value's own range, and that
+"""What mkfs.ext4, mkfs.ext3, mkfs.ext2 and mkfs.xfs refuse in combination, and the volume size mkfs
+options need: the limits filesystems.mkfs_argv holds the options to beyond each value's own range, and that
 validation.filesystem_floor holds a CreateVolume's size to, so that no volume is created that the node
 could never format. Pure arithmetic over already-checked option strings; the numbers are mke2fs's and
 mkfs.xfs's (mke2fs.conf defaults for what mke2fs picks itself), and tests/integration/test_mkfs_options.py
@@ -102,7 +102,7 @@ def mkfs_floor(fs_type: str, options: Mapping[str, str]) -> tuple[int, str]:
     inodes, or two bigalloc clusters per inode (a group has no more inodes than clusters), and room for
     the journal; `bytesPerInode` or `inodeSize`: _ratio_floor; bigalloc MIN_CLUSTERS clusters. The
     tests hold it against the real mkfs.ext4 and mkfs.ext3."""
-    if fs_type.strip().lower() not in ("ext3", "ext4"):
+    if fs_type.strip().lower() not in ("ext2", "ext3", "ext4"):
         return 0, ""
     _, inode, ratio = _sizes(options)
     cluster, count = _cluster(options), int(options.get(keys.NUMBER_OF_INODES) or 0)

@@ -47,6 +47,7 @@ REQUIRED_TOOLS: dict[str, str] = {
     "mount": "mount",
     "umount": "mount",
     "losetup": "mount",
+    "mkfs.ext2": "e2fsprogs",
     "mkfs.ext3": "e2fsprogs",
     "mkfs.ext4": "e2fsprogs",
     "e2fsck": "e2fsprogs",

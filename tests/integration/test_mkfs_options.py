@@ -219,6 +219,7 @@ ACCEPTED = [
         "ext3", {keys.NUMBER_OF_INODES: "1000000", keys.INODE_SIZE: "128"}, 600 * MiB, id="ext3-inodes"
     ),
     pytest.param("ext4", {keys.BYTES_PER_INODE: str(64 * MiB)}, GiB, id="ext4-largest-ratio"),
+    pytest.param("ext2", {keys.NUMBER_OF_INODES: "100000", keys.BLOCK_SIZE: "1024"}, 0, id="ext2-inodes"),
     pytest.param(
         "ext4",
         {keys.EXT4_BIGALLOC: "true", keys.EXT4_CLUSTER_SIZE: str(MiB)},

@@ -17,7 +17,7 @@ from tests.conftest import require_tool
 from tests.csiclient import assert_code
 from tests.integration.conftest import MiB, NodeEnv, mount_cap, running_node_env
 
-SIZES = {"ext4": 64 * MiB, "ext3": 64 * MiB, "xfs": 300 * MiB}
+SIZES = {"ext4": 64 * MiB, "ext3": 64 * MiB, "ext2": 64 * MiB, "xfs": 300 * MiB}
 # name= option -> values to stage with: the edges of what the allow-list takes
 VALUES = {
     "barrier=": ["0", "1"],
@@ -95,6 +95,10 @@ def test_every_allowed_flag_stages_a_fresh_volume(env: NodeEnv, fs_type: str, fl
         pytest.param("ext3", ["nodelalloc"], "nodelalloc", id="ext3-nodelalloc"),
         pytest.param("ext3", ["journal_checksum"], "journal_checksum", id="ext3-journal_checksum"),
         pytest.param("ext3", ["dioread_nolock"], "dioread_nolock", id="ext3-dioread_nolock"),
+        pytest.param("ext2", ["data=ordered"], "data=ordered", id="ext2-data"),
+        pytest.param("ext2", ["commit=5"], "commit=5", id="ext2-commit"),
+        pytest.param("ext2", ["delalloc"], "delalloc", id="ext2-delalloc"),
+        pytest.param("ext2", ["journal_checksum"], "journal_checksum", id="ext2-journal_checksum"),
         pytest.param("ext4", ["commit=999999999"], "commit=999999999", id="ext4-commit-too-long"),
         pytest.param("ext4", ["data=journal", "delalloc"], "delalloc", id="ext4-data-journal-delalloc"),
         pytest.param("xfs", ["logbsize=1024"], "logbsize=1024", id="xfs-logbsize-1024"),

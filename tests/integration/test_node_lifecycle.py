@@ -26,6 +26,7 @@ Usage = csi_pb2.VolumeUsage
 
 FS_SIZES = [
     pytest.param("ext4", 64 * MiB, id="ext4"),
+    pytest.param("ext2", 64 * MiB, id="ext2"),
     pytest.param("xfs", 320 * MiB, id="xfs"),
 ]
 
@@ -619,5 +620,44 @@ def test_a_never_written_ext4_volume_is_formatted_without_writing_zeros(node_env
     node_env.unstage(vol)  # unmounted: everything the mount wrote is in the file
     allocated = os.stat(vol.file).st_blocks * 512
     assert allocated < 4 * MiB, f"{allocated / MiB:.1f} MiB written into a fresh 1 GiB volume"
+    checked = subprocess.run([require_tool("e2fsck"), "-f", "-n", vol.file], capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+@pytest.mark.parametrize("fs_type", ["ext2", ""], ids=["fs-type-ext2", "no-fs-type"])
+def test_an_existing_ext2_volume_is_staged_as_it_is(node_env: NodeEnv, fs_type: str) -> None:
+    """In-tree EBS mounted ext2 and the EBS CSI driver takes it (ValidFSTypes), so a migrated PV with
+    fsType ext2 (or none) stages its ext2 volume: mounted as ext2, never reformatted, its data kept."""
+    vol = node_env.volume(64 * MiB)
+    subprocess.run([require_tool("mkfs.ext2"), "-q", "-F", vol.file], check=True, capture_output=True)
+    subprocess.run(
+        [require_tool("debugfs"), "-w", "-R", "mkdir kept", vol.file], check=True, capture_output=True
+    )
+    cap = mount_cap(fs_type)
+    node_env.stage(vol, cap)
+    node_env.publish(vol, cap)
+    info = Mounter().mount_at(vol.staging)
+    assert info is not None and info.fs_type == "ext2"
+    assert os.path.isdir(os.path.join(vol.target, "kept")), "the filesystem was not reformatted"
+    request = csi_pb2.NodeStageVolumeRequest(
+        volume_id=vol.id,
+        staging_target_path=vol.staging + "-other",
+        volume_capability=mount_cap("ext4"),
+        publish_context=vol.publish_context,
+    )
+    assert_code(
+        node_env.client.node.NodeStageVolume, request, grpc.StatusCode.FAILED_PRECONDITION, contains="ext2"
+    )
+
+
+def test_a_blank_volume_is_formatted_as_ext2_when_asked(node_env: NodeEnv) -> None:
+    require_tool("mkfs.ext2")
+    vol = node_env.volume(64 * MiB)
+    node_env.stage(vol, mount_cap("ext2", ("noatime", "errors=remount-ro")))
+    info = Mounter().mount_at(vol.staging)
+    assert info is not None and info.fs_type == "ext2" and "errors=remount-ro" in info.super_options
+    node_env.unstage(vol)
+    said = subprocess.run([require_tool("dumpe2fs"), "-h", vol.file], capture_output=True, text=True).stdout
+    assert "has_journal" not in said, "ext2 has no journal"
     checked = subprocess.run([require_tool("e2fsck"), "-f", "-n", vol.file], capture_output=True, text=True)
     assert checked.returncode == 0, checked.stdout + checked.stderr

@@ -52,6 +52,7 @@ def fake_mounter(tmp_path: Path, runner: FakeRunner, text: str = MOUNTINFO) -> M
         pytest.param("", "ext4", id="default-ext4"),
         pytest.param("ext4", "ext4", id="ext4"),
         pytest.param("ext3", "ext3", id="ext3"),
+        pytest.param("ext2", "ext2", id="ext2"),
         pytest.param("xfs", "xfs", id="xfs"),
         pytest.param("EXT4", "ext4", id="any-case"),
     ],
@@ -93,6 +94,7 @@ def test_fs_types_rejected(fs_type: str) -> None:
         pytest.param(["data=journal", "nodelalloc"], "ext4", None, id="ext4-data-journal-nodelalloc"),
         pytest.param(["delalloc", "data=journal", "data=ordered"], "ext4", None, id="ext4-last-data-counts"),
         pytest.param(["data=journal", "commit=5"], "ext3", None, id="ext3-journal-options"),
+        pytest.param(["errors=remount-ro", "acl", "discard"], "ext2", None, id="ext2-options"),
         pytest.param(["noexec"], None, ["noexec"], id="vfs-on-block"),
         pytest.param([], "ext4", [], id="none"),
     ],
@@ -129,6 +131,11 @@ def test_mount_flags_allowed(flags: list[str], fs_type: str | None, expected: li
         pytest.param(
             ["delalloc,nodelalloc,data=journal"], "ext4", "'delalloc'", id="delalloc-undone-still-refused"
         ),
+        pytest.param(
+            ["data=ordered"], "ext2", "'data=ordered' is not allowed for ext2", id="ext2-no-journal"
+        ),
+        pytest.param(["commit=5"], "ext2", "'commit=5' is not allowed for ext2", id="ext2-no-commit"),
+        pytest.param(["delalloc"], "ext2", "'delalloc' is not allowed for ext2", id="ext2-ext4-only"),
     ],
 )
 def test_mount_flags_the_kernel_refuses_are_refused_first(
@@ -265,6 +272,9 @@ def test_mke2fs_version_is_asked_again_after_a_failed_answer(tmp_path: Path) -> 
         pytest.param(
             "ext3", {keys.NUMBER_OF_INODES: "1000"}, ["mkfs.ext3", "-q", "-N", "1000", "/dev/x"], id="ext3"
         ),
+        pytest.param(
+            "ext2", {keys.BLOCK_SIZE: "1024"}, ["mkfs.ext2", "-q", "-b", "1024", "/dev/x"], id="ext2"
+        ),
         pytest.param("ext4", {"other": "x"}, ["mkfs.ext4", "-q", "/dev/x"], id="non-format-keys-ignored"),
     ],
 )
@@ -281,6 +291,7 @@ def test_mkfs_argv(fs_type: str, options: dict[str, str], expected: list[str]) -
         pytest.param("ext4", {keys.INODE_SIZE: "64"}, id="inode-too-small"),
         pytest.param("xfs", {keys.BYTES_PER_INODE: "4096"}, id="ext-only-on-xfs"),
         pytest.param("ext3", {keys.EXT4_BIGALLOC: "true"}, id="bigalloc-on-ext3"),
+        pytest.param("ext2", {keys.EXT4_BIGALLOC: "true"}, id="bigalloc-on-ext2"),
         pytest.param("ext4", {keys.EXT4_BIGALLOC: "yes"}, id="bigalloc-not-bool"),
         pytest.param("ext4", {keys.EXT4_CLUSTER_SIZE: "65536"}, id="cluster-without-bigalloc"),
         pytest.param("btrfs", {}, id="fs-not-allowed"),
