@@ -10,16 +10,17 @@ filesystem that cannot grow where it is mounted -> FailedPreconditionError.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
+from collections.abc import Iterator
 from typing import NamedTuple
 
 from csi import devices
-from csi.devices import DeviceNumbers
 from csi.failures import FailedPreconditionError, NotFoundError, OutOfRangeError, os_failures
 from csi.filesystems import FS_TYPES
 from csi.fshealth import forced_readonly
-from csi.mount import Mounter, OnlineGrowthDenied
+from csi.mount import Mounter, MountInfo, OnlineGrowthDenied
 from shim import failpoints
 
 
@@ -32,17 +33,21 @@ class VolumeStats(NamedTuple):
 
 def stats(mounter: Mounter, volume_id: str, device: str, path: str) -> VolumeStats:
     """Size of the volume's device at a block path, or usage of its filesystem mounted at `path`. What
-    is wrong with a volume is NodeGetVolumeHealth's to say, not this."""
-    with os_failures():
-        numbers = _block_numbers(path)
-        if numbers is not None:
-            if not devices.belongs(numbers, device):
-                raise NotFoundError(f"{path} is not the device of volume {volume_id}")
-            return VolumeStats(block_bytes=devices.device_size(path))
-        mount = mounter.mount_at(path)
-        if mount is None or not devices.belongs((mount.major, mount.minor), device):
-            raise NotFoundError(f"{path} is not a mount of volume {volume_id}")
-        return VolumeStats(usage=devices.usage(path))
+    is wrong with a volume is NodeGetVolumeHealth's to say, not this. An unpublish meanwhile gives
+    NotFoundError, never the numbers of the filesystem beneath: the usage is read between two stats
+    that must both show the root of the mount the table holds (by name, each in one syscall; an open
+    fd held across them would make that unpublish's umount fail EBUSY)."""
+    with os_failures(), _gone_is_not_found(path):
+        before = os.stat(path)
+        if stat.S_ISBLK(before.st_mode):  # the size of the device it names, which no unmount changes
+            node = _volume_node(volume_id, device, path, before)
+            return VolumeStats(block_bytes=devices.device_size(node))
+        _volume_mount(volume_id, device, path, mounter.mount_at(path), before)
+        usage = devices.usage(path)
+        after = os.stat(path)
+    if (after.st_dev, after.st_ino) != (before.st_dev, before.st_ino):
+        raise NotFoundError(f"volume {volume_id} was unmounted from {path}")
+    return VolumeStats(usage=usage)
 
 
 def expand(mounter: Mounter, volume_id: str, device: str, path: str, required: int, block: bool) -> int:
@@ -50,19 +55,16 @@ def expand(mounter: Mounter, volume_id: str, device: str, path: str, required: i
     (block access: just the size). `device` is the disk a stage prepared; what is sized and grown is
     the device at or mounted at `path`, the partition a stage used included: read from the host, so a
     restart that forgot which partition that was grows the same one."""
-    with os_failures():
-        numbers = _block_numbers(path)
-        if numbers is not None:
-            if not devices.belongs(numbers, device):
-                raise NotFoundError(f"{path} is not a device of volume {volume_id}")
-            return _holds(volume_id, devices.device_size(path), required)
+    with os_failures(), _gone_is_not_found(path):
+        st = os.stat(path)
+        if stat.S_ISBLK(st.st_mode):
+            node = _volume_node(volume_id, device, path, st)
+            return _holds(volume_id, node, devices.device_size(node), required)
         if block:
-            return _holds(volume_id, devices.device_size(device), required)
-        mount = mounter.mount_at(path)
-        if mount is None or not devices.belongs((mount.major, mount.minor), device):
-            raise NotFoundError(f"volume {volume_id} is not mounted at {path}")
+            return _holds(volume_id, device, devices.device_size(device), required)
+        mount = _volume_mount(volume_id, device, path, mounter.mount_at(path), st)
         mounted = devices.member_node(device, (mount.major, mount.minor))
-        size = _holds(volume_id, devices.device_size(mounted), required)
+        size = _holds(volume_id, mounted, devices.device_size(mounted), required)
         if mount.fs_type not in FS_TYPES:
             raise FailedPreconditionError(f"cannot grow a {mount.fs_type} filesystem")
         # the superblock too: an ext4 that errors=remount-ro made read-only shows `ro`, or on newer
@@ -78,17 +80,43 @@ def expand(mounter: Mounter, volume_id: str, device: str, path: str, required: i
         return size
 
 
-def _holds(volume_id: str, size: int, required: int) -> int:
-    """`size`, when it holds `required` bytes (OutOfRangeError otherwise)."""
-    if required > size:
-        raise OutOfRangeError(
-            f"the device of {volume_id} holds {size} bytes, less than the requested {required}; "
-            "expand the volume on the controller first"
-        )
-    return size
+@contextlib.contextmanager
+def _gone_is_not_found(path: str) -> Iterator[None]:
+    """`path` vanished (an unpublish meanwhile) -> NotFoundError (spec: "Volume does not exist on
+    specified volume_path"), not an INTERNAL OS failure."""
+    try:
+        yield
+    except (FileNotFoundError, NotADirectoryError) as exc:
+        raise NotFoundError(f"volume_path {path} does not exist") from exc
 
 
-def _block_numbers(path: str) -> DeviceNumbers | None:
-    """Device numbers of `path` when it is a block device node, else None."""
-    st = os.stat(path)
-    return (os.major(st.st_rdev), os.minor(st.st_rdev)) if stat.S_ISBLK(st.st_mode) else None
+def _volume_node(volume_id: str, device: str, path: str, st: os.stat_result) -> str:
+    """The node of the volume's device or partition that the device node `st` (at `path`) names."""
+    numbers = os.major(st.st_rdev), os.minor(st.st_rdev)
+    if not devices.belongs(numbers, device):
+        raise NotFoundError(f"{path} is not the device of volume {volume_id}")
+    return devices.member_node(device, numbers)
+
+
+def _volume_mount(
+    volume_id: str, device: str, path: str, mount: MountInfo | None, st: os.stat_result
+) -> MountInfo:
+    """`mount`, the mount table's entry at `path`, when it is a mount of the volume and `st` (read at
+    `path` before it) is on it: an unmount in between leaves `st` on the filesystem beneath."""
+    if (
+        mount is None
+        or (mount.major, mount.minor) != (os.major(st.st_dev), os.minor(st.st_dev))
+        or not devices.belongs((mount.major, mount.minor), device)
+    ):
+        raise NotFoundError(f"{path} is not a mount of volume {volume_id}")
+    return mount
+
+
+def _holds(volume_id: str, node: str, size: int, required: int) -> int:
+    """`size`, the size of `node`, when it holds `required` bytes (OutOfRangeError otherwise)."""
+    if required <= size:
+        return size
+    raise OutOfRangeError(
+        f"the device of {volume_id} holds {size} bytes, less than the requested {required}; "
+        "expand the volume on the controller first"
+    )
