@@ -29,6 +29,7 @@ from typing import NamedTuple
 
 from csi import devices, keys, paths
 from csi.backends.base import Backend
+from csi.blockstagings import BlockStagings
 from csi.failures import AlreadyExistsError, FailedPreconditionError, NotFoundError, os_failures
 from csi.filesystems import EXT_TYPES, FS_TYPES, check_mount_flags
 from csi.mount import Mounter, MountInfo, Probe
@@ -67,20 +68,19 @@ class Stager:
         self._roots = roots
         self._format_slots = threading.BoundedSemaphore(format_concurrency)
         self._lock = threading.Lock()
-        self._staged_block: dict[str, str] = {}  # volume id -> staging path, block access, this process
+        self._block = BlockStagings(roots)  # block stagings: on disk, as the mount table shows none
         self._partitions: dict[str, int] = {}  # volume id -> partition used at stage/publish
         self.publisher = Publisher(mounter, roots)
 
     def staged_count(self) -> int:
         """Staged volumes: filesystems from the mount table, so the figure survives a restart (distinct
-        devices mounted under the allowed roots), plus block volumes staged through this process."""
+        devices mounted under the allowed roots), plus the block stagings recorded on this node."""
         staged = {
             (m.major, m.minor)
             for m in self._mounter.mounts()
             if m.fs_type in FS_TYPES and paths.under_roots(m.mount_point, self._roots)
         }
-        with self._lock:
-            return len(staged) + len(self._staged_block)
+        return len(staged) + self._block.count()
 
     # ------------------------------------------------------------------ devices
 
@@ -103,9 +103,10 @@ class Stager:
         return target
 
     def knows(self, volume_id: str) -> bool:
-        """True when this process staged or published the volume and has not unstaged it since."""
+        """True when the volume is block-staged here, or this process staged or published it since."""
         with self._lock:
-            return volume_id in self._staged_block or volume_id in self._partitions
+            known = volume_id in self._partitions
+        return known or self._block.staged_at(volume_id) is not None
 
     def prepared_device(self, volume_id: str, partition: int | None = None) -> str:
         """The device (or partition) a stage already prepared; never prepares one, so a read or a
@@ -138,9 +139,8 @@ class Stager:
 
     def _release_if_unused(self, volume_id: str, device: str) -> None:
         """After a failed stage: release the device unless a mount or a block staging still uses it."""
-        with self._lock:
-            if volume_id in self._staged_block:
-                return
+        if self._block.staged_at(volume_id) is not None:
+            return
         uses = self.uses(device)
         if uses.filesystems or uses.nodes:
             return
@@ -176,9 +176,8 @@ class Stager:
             raise
 
     def _stage_block(self, volume_id: str, device: str, staging: str) -> None:
-        """Block access leaves nothing in the kernel to find again: this process remembers the path."""
-        with self._lock:
-            staged_at = self._staged_block.get(volume_id)
+        """Block access leaves nothing in the kernel to find again: the path is recorded on disk."""
+        staged_at = self._block.staged_at(volume_id)
         if staged_at == staging:
             return
         if staged_at is not None:
@@ -197,12 +196,10 @@ class Stager:
                 f"the filesystem of volume {volume_id} is mounted at {mounted[0].mount_point}; unstage "
                 "it there before staging it as a block device"
             )
-        with self._lock:
-            self._staged_block[volume_id] = staging
+        self._block.record(volume_id, staging)
 
     def _check_not_staged_as_block(self, volume_id: str, staging: str) -> None:
-        with self._lock:
-            staged_at = self._staged_block.get(volume_id)
+        staged_at = self._block.staged_at(volume_id)
         if staged_at == staging:
             raise AlreadyExistsError(
                 f"volume {volume_id} is staged at {staging} as a block device, not as a filesystem"
@@ -302,8 +299,7 @@ class Stager:
             if device is None:  # never prepared here, or released: nothing of it is staged
                 self._forget(volume_id)
                 return
-            with self._lock:
-                block_at = self._staged_block.get(volume_id)
+            block_at = self._block.staged_at(volume_id)
             if block_at not in (None, staging):
                 return
             uses = self.uses(device, staging)
@@ -332,8 +328,8 @@ class Stager:
         failpoints.hit("node.unstage.unmounted")
 
     def _forget(self, volume_id: str) -> None:
+        self._block.forget(volume_id)
         with self._lock:
-            self._staged_block.pop(volume_id, None)
             self._partitions.pop(volume_id, None)
 
     # ------------------------------------------------------------------ publish
