@@ -341,7 +341,7 @@ class Stager:
         with os_failures():
             device = self._backend.prepared_device(volume_id)  # an unknown volume -> NotFoundError
             if pub.block:
-                node = self._staged_block_device(volume_id, device, partition)
+                node = self._staged_block_device(volume_id, device, partition, pub.staging)
                 source = Source(node, *devices.devtmpfs_numbers(node))
             else:
                 staged = self._mounter.mount_at(pub.staging)
@@ -356,13 +356,17 @@ class Stager:
                 source = Source(pub.staging, (staged.major, staged.minor), staged.root)
             self.publisher.publish(volume_id, source, pub)
 
-    def _staged_block_device(self, volume_id: str, device: str | None, partition: int) -> str:
-        """The device node a block publish binds: the volume must be prepared here and its filesystem
-        mounted nowhere (raw writes under a mounted filesystem corrupt it)."""
+    def _staged_block_device(self, volume_id: str, device: str | None, partition: int, staging: str) -> str:
+        """The device node a block publish binds: the volume must be prepared here, staged at `staging`
+        when a block staging is recorded (spec: not staged there -> FAILED_PRECONDITION, as for mount
+        access) and its filesystem mounted nowhere (raw writes under a mounted filesystem corrupt it)."""
         if device is None:
             raise FailedPreconditionError(
                 f"volume {volume_id} is not staged on this node; call NodeStageVolume first"
             )
+        staged_at = self._block.staged_at(volume_id)
+        if staged_at not in (None, staging):
+            raise FailedPreconditionError(f"volume {volume_id} is staged at {staged_at}, not at {staging}")
         mounted = self.uses(device).filesystems
         if mounted:
             raise FailedPreconditionError(

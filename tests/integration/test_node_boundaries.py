@@ -207,3 +207,29 @@ def test_unstage_of_a_block_staging_clears_its_record(node_env: NodeEnv) -> None
         csi_pb2.NodeUnstageVolumeRequest(volume_id=vol.id, staging_target_path=vol.staging + "-fs"),
         timeout=120,
     )
+
+
+@pytest.mark.parametrize(
+    "restart", [pytest.param(False, id="same-process"), pytest.param(True, id="restarted")]
+)
+def test_block_publish_from_a_path_the_volume_was_never_staged_at_is_refused(
+    node_env: NodeEnv, restart: bool
+) -> None:
+    """As for mount access: a staging_target_path the volume is not staged at -> FAILED_PRECONDITION."""
+    vol = node_env.volume(16 * MiB)
+    node_env.stage(vol, block_cap())
+    if restart:
+        node_env.restart()
+    request = csi_pb2.NodePublishVolumeRequest(
+        volume_id=vol.id,
+        staging_target_path=vol.staging + "-2",
+        target_path=vol.target,
+        volume_capability=block_cap(),
+        publish_context=vol.publish_context,
+    )
+    assert_code(
+        node_env.client.node.NodePublishVolume, request, Code.FAILED_PRECONDITION, contains="staged at"
+    )
+    assert not _mounted(vol.target) and not os.path.exists(vol.target)
+    node_env.publish(vol, block_cap())  # from the path it was staged at
+    assert _mounted(vol.target)
