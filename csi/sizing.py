@@ -116,6 +116,12 @@ def _holds(volume_id: str, node: str, size: int, required: int) -> int:
     """`size`, the size of `node`, when it holds `required` bytes (OutOfRangeError otherwise)."""
     if required <= size:
         return size
+    if devices.whole_device(node) != os.path.realpath(node):  # the controller grew the disk, not this
+        raise OutOfRangeError(
+            f"partition {node} of volume {volume_id} holds {size} bytes, less than the requested "
+            f"{required}; a partition keeps its size when the volume grows: grow it on the disk with a "
+            "partitioning tool (e.g. growpart), then expand again"
+        )
     raise OutOfRangeError(
         f"the device of {volume_id} holds {size} bytes, less than the requested {required}; "
         "expand the volume on the controller first"

@@ -358,17 +358,30 @@ def test_a_repeated_xfs_stage_finishes_the_grow_a_first_one_did_not(node_env: No
     assert grown > 48 * MiB, f"the retry grew the filesystem by only {grown} bytes"
 
 
-def test_expand_beyond_the_device_is_out_of_range(node_env: NodeEnv) -> None:
+@pytest.mark.parametrize(
+    ("partition", "advice"),
+    [
+        pytest.param("", "expand the volume on the controller first", id="whole-device"),
+        # the controller did grow the disk: it is the partition that keeps its size
+        pytest.param("1", "a partition keeps its size when the volume grows", id="partition"),
+    ],
+)
+def test_expand_beyond_the_device_is_out_of_range(node_env: NodeEnv, partition: str, advice: str) -> None:
     vol = node_env.volume()
+    context = {"partition": partition} if partition else {}
+    if partition:
+        write_mbr(vol.file, 2048, 32 * MiB // 512)
     cap = mount_cap()
-    node_env.stage(vol, cap)
-    node_env.publish(vol, cap)
+    node_env.stage(vol, cap, context=context)
+    node_env.publish(vol, cap, context=context)
     request = csi_pb2.NodeExpandVolumeRequest(
         volume_id=vol.id,
         volume_path=vol.target,
         capacity_range=csi_pb2.CapacityRange(required_bytes=1024 * MiB),
     )
-    assert_code(node_env.client.node.NodeExpandVolume, request, grpc.StatusCode.OUT_OF_RANGE)
+    message = assert_code(node_env.client.node.NodeExpandVolume, request, grpc.StatusCode.OUT_OF_RANGE)
+    assert advice in message
+    assert ("partition" in message) == bool(partition), message
 
 
 def test_stats_of_a_path_that_is_not_the_volume_is_not_found(node_env: NodeEnv) -> None:
