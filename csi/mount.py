@@ -287,7 +287,7 @@ class Mounter:
             error = _fail(result, f"growing the {fs_type} filesystem on {device}")
             if fs_type in EXT_TYPES and "Permission denied" in result.stderr:
                 error = OnlineGrowthDenied(
-                    f"{error} (online ext4 growth needs CAP_SYS_RESOURCE in the node plugin; "
+                    f"{error} (online {fs_type} growth needs CAP_SYS_RESOURCE in the node plugin; "
                     "the filesystem grows when the volume is next staged)"
                 )
             raise error

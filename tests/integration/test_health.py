@@ -20,6 +20,7 @@ from csi.devices import rdev
 from csi.fshealth import device_name
 from tests.conftest import require_tool
 from tests.csiclient import assert_code
+from tests.e2e.process import wait_for
 from tests.integration.conftest import (
     MiB,
     NodeEnv,
@@ -52,6 +53,16 @@ def _device_of(mount_point: str) -> str:
     ).stdout.strip()
 
 
+def _trigger_ext4_error(name: str, text: str) -> None:
+    """Count one error on ext4 device `name` and wait until sysfs shows it: the kernel stashes the error
+    and copies it into the superblock's counter (which errors_count reads) from a work queue, later."""
+    counter = Path(f"/sys/fs/ext4/{name}/errors_count")
+    before = int(counter.read_text())
+    with open(f"/sys/fs/ext4/{name}/trigger_fs_error", "w") as knob:
+        knob.write(text)
+    wait_for(lambda: int(counter.read_text()) > before, 30, f"ext4 {name} to count the error")
+
+
 def test_ext4_errors_the_kernel_counted_are_degraded_on_both_sides(node_env: NodeEnv) -> None:
     vol = node_env.volume()
     node_env.stage(vol, mount_cap("ext4"))
@@ -61,8 +72,7 @@ def test_ext4_errors_the_kernel_counted_are_degraded_on_both_sides(node_env: Nod
     assert _controller_health(node_env, vol) == []
     name = device_name(rdev(_device_of(vol.staging)))
     assert name is not None
-    with open(f"/sys/fs/ext4/{name}/trigger_fs_error", "w") as knob:
-        knob.write("ballast health test\n")
+    _trigger_ext4_error(name, "ballast health test\n")
     found = _node_health(node_env, vol, **paths)
     assert [(s, r) for s, r, _ in found] == [(csi_pb2.DEGRADED, "FilesystemErrors")]
     assert "fsck.ext4" in found[0][2] and name in found[0][2]
@@ -78,8 +88,7 @@ def test_ext4_remounted_read_only_after_errors_is_degraded(node_env: NodeEnv) ->
     cap = mount_cap("ext4", flags=("errors=remount-ro",))
     node_env.stage(vol, cap)
     name = device_name(rdev(_device_of(vol.staging)))
-    with open(f"/sys/fs/ext4/{name}/trigger_fs_error", "w") as knob:
-        knob.write("ballast health test\n")
+    _trigger_ext4_error(name, "ballast health test\n")
     reasons = [r for _, r, _ in _node_health(node_env, vol, staging_target_path=vol.staging)]
     assert reasons == ["FilesystemErrors", "FilesystemReadOnly"]
 
@@ -93,8 +102,7 @@ def test_expanding_an_ext4_that_remounted_itself_read_only_is_failed_preconditio
     node_env.publish(vol, cap)
     node_env.driver.backend.expand_volume(vol.id, 128 * MiB)
     name = device_name(rdev(_device_of(vol.staging)))
-    with open(f"/sys/fs/ext4/{name}/trigger_fs_error", "w") as knob:
-        knob.write("ballast expand test\n")
+    _trigger_ext4_error(name, "ballast expand test\n")
     request = csi_pb2.NodeExpandVolumeRequest(
         volume_id=vol.id,
         volume_path=vol.target,
@@ -175,8 +183,7 @@ def test_storage_health_of_the_data_dir_filesystem(tmp_path: Path) -> None:
         filler.unlink()
         assert storage() == []
         name = device_name(rdev(_device_of(str(mnt))))
-        with open(f"/sys/fs/ext4/{name}/trigger_fs_error", "w") as knob:  # counted, and the fs goes read-only
-            knob.write("ballast storage health test\n")
+        _trigger_ext4_error(name, "ballast storage health test\n")  # counted, and the fs goes read-only
         assert storage() == [
             (csi_pb2.STORAGE_UNREACHABLE, "DataDirReadOnly"),
             (csi_pb2.STORAGE_DEGRADED, "DataDirFilesystemErrors"),

@@ -510,12 +510,13 @@ def test_grow(tmp_path: Path, fs_type: str, expected: tuple[str, ...]) -> None:
     assert runner.calls == [expected]
 
 
-def test_grow_permission_error_names_the_missing_capability(tmp_path: Path) -> None:
+@pytest.mark.parametrize("fs_type", ["ext2", "ext3", "ext4"])
+def test_grow_permission_error_names_the_missing_capability(tmp_path: Path, fs_type: str) -> None:
     runner = FakeRunner().on(
         "resize2fs", returncode=1, stderr="resize2fs: Permission denied to resize filesystem"
     )
-    with pytest.raises(MountError, match="CAP_SYS_RESOURCE"):
-        fake_mounter(tmp_path, runner).grow("/dev/x", "/mnt/m", "ext4")
+    with pytest.raises(MountError, match=f"online {fs_type} growth needs CAP_SYS_RESOURCE"):
+        fake_mounter(tmp_path, runner).grow("/dev/x", "/mnt/m", fs_type)
 
 
 def test_mount_program_fallback_argv(tmp_path: Path) -> None:
