@@ -26,12 +26,12 @@ import shutil
 import subprocess
 import threading
 import time
+from collections.abc import Sequence
 
 from csi.devices import device_readonly, device_size, set_device_readonly
 from csi.failures import InvalidParameterError, NotFoundError, TransientError
 from csi.loopfind import (
     LO_NAME_SIZE,
-    UNLINKED,
     LoopInfo64,
     backed_by,
     backed_under,
@@ -40,6 +40,7 @@ from csi.loopfind import (
     bound_files,
     devices_of,
     file_devices,
+    gone_names,
     holders,
     maps,
     named,
@@ -231,20 +232,23 @@ def _losetup(*args: str, doing: str) -> str:
     return result.stdout.strip()
 
 
-def detach_file(backing_file: str, *, unlinked: bool = False) -> None:
+def detach_file(backing_file: str, *, unlinked: bool = False, renamed: Sequence[str] = ()) -> None:
     """Unbind every loop device backed by `backing_file` or, when no file is there any more or with
     `unlinked`, by a file unlinked from that path while bound (a file replaced behind the driver's back
-    leaves one: found by the name sysfs gives it, checked again once the device is open). None bound ->
-    no-op. Without `unlinked`, at most one scan of the loop devices, none for a file nobody holds."""
+    leaves one: found by the name sysfs gives it, checked again once the device is open), or renamed
+    from it to the path + a suffix in `renamed` (a file set aside to be deleted), perhaps unlinked
+    since. None bound -> no-op. Without `unlinked`, at most one scan of the loop devices, none for a
+    file nobody holds."""
     with _lock:
         try:
             held = file_devices(backing_file)
         except FileNotFoundError:
             held, unlinked = [], True
         if unlinked:
-            gone = os.path.realpath(backing_file) + UNLINKED
-            for device in named(gone):
-                _detach_device(device, gone)
+            real = os.path.realpath(backing_file)
+            others = gone_names(real, renamed)[1:]  # the file there now: `held`, proved by its inode
+            for device in named(*others):
+                _detach_device(device, others)
         for device in held:
             _detach_device(device)
 
@@ -258,15 +262,15 @@ def detach(device: str, backing_file: str) -> bool:
         return True
 
 
-def _detach_device(device: str, name: str | None = None) -> None:
-    """Unbind `device`; with `name`, only while sysfs still names its backing file so (the device is
-    open meanwhile, so it cannot be rebound to another file in between)."""
+def _detach_device(device: str, names: Sequence[str] | None = None) -> None:
+    """Unbind `device`; with `names`, only while sysfs still names its backing file one of them (the
+    device is open meanwhile, so it cannot be rebound to another file in between)."""
     try:
         fd = os.open(device, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
         return
     try:
-        if name is not None and backing_file(device) != name:
+        if names is not None and backing_file(device) not in names:
             return
         fcntl.ioctl(fd, LOOP_CLR_FD, 0)
     except OSError as exc:

@@ -7,7 +7,8 @@ Contracts:
   holds its backing file open.
 - `backed_by(path)` answers from sysfs names without opening a device (for unprivileged processes),
   `backed_under(dir)` for every file in a directory. A backing file unlinked while bound keeps its
-  device: sysfs then names it `<path> (deleted)`, which `backed_by(path, unlinked=True)` also finds.
+  device: sysfs then names it `<path> (deleted)`, which `backed_by(path, unlinked=True)` also finds,
+  and with `renamed` the names of a file renamed from `path` (`<path><suffix>`, perhaps unlinked).
 - `maps(dev, file)` is True when `dev` is bound to `file` itself (the same inode, not merely the same
   path name), read with one ioctl.
 """
@@ -21,6 +22,7 @@ import os
 import re
 import signal
 import stat
+from collections.abc import Sequence
 
 LOOP_GET_STATUS64 = 0x4C05
 LO_NAME_SIZE = 64
@@ -183,15 +185,23 @@ def bound(backing_file: str) -> str | None:
     return existing[0] if existing else None
 
 
-def backed_by(path: str, *, unlinked: bool = False) -> list[str]:
+def backed_by(path: str, *, unlinked: bool = False, renamed: Sequence[str] = ()) -> list[str]:
     """Bound loop devices whose backing file, as sysfs names it, is `path`; with `unlinked`, also those
-    whose file has since been unlinked from `path`. Needs no privilege (it opens no device), so a
-    non-root process can tell whether a file is in use through a loop device. A device named `path`
-    holds the file there open, so an unheld file answers [] without the scan (not so for `unlinked`)."""
+    whose file has since been unlinked from `path`, or renamed to `path` + a suffix in `renamed` (and
+    perhaps unlinked from there: a file set aside to be deleted). Needs no privilege (it opens no
+    device), so a non-root process can tell whether a file is in use through a loop device. A device
+    named `path` holds the file there open, so an unheld file answers [] without the scan (not so for
+    `unlinked`)."""
     real = os.path.realpath(path)
     if unlinked:
-        return named(real, real + UNLINKED)
+        return named(*gone_names(real, renamed))
     return [] if unheld(real) else named(real)
+
+
+def gone_names(real: str, renamed: Sequence[str] = ()) -> tuple[str, ...]:
+    """The names sysfs gives a file bound at the resolved path `real`: `real` itself, or unlinked from
+    it, or renamed to `real` + a suffix in `renamed`, or unlinked from there."""
+    return tuple(name + end for name in (real, *(real + s for s in renamed)) for end in ("", UNLINKED))
 
 
 def named(*names: str) -> list[str]:

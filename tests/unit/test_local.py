@@ -7,7 +7,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent import futures
 from pathlib import Path
 from types import SimpleNamespace
@@ -52,8 +52,9 @@ class FakeLoop:
     def bound(self, backing_file: str) -> str | None:
         return next((d for d, p in self.devices.items() if p == backing_file), None)
 
-    def detach_file(self, backing_file: str, *, unlinked: bool = False) -> None:
-        for dev in [d for d, p in self.devices.items() if p == backing_file]:
+    def detach_file(self, backing_file: str, *, unlinked: bool = False, renamed: Sequence[str] = ()) -> None:
+        names = _names(backing_file, renamed) if unlinked else {backing_file}
+        for dev in [d for d, p in self.devices.items() if p in names]:
             del self.devices[dev]
 
     def detach(self, device: str, backing_file: str) -> bool:
@@ -65,8 +66,8 @@ class FakeLoop:
     def backing_file(self, device: str) -> str | None:
         return self.lie or self.devices.get(device)
 
-    def backed_by(self, path: str, *, unlinked: bool = False) -> list[str]:
-        names = {path, path + UNLINKED} if unlinked else {path}
+    def backed_by(self, path: str, *, unlinked: bool = False, renamed: Sequence[str] = ()) -> list[str]:
+        names = _names(path, renamed) if unlinked else {path}
         return [d for d, p in self.devices.items() if p in names]
 
     def unheld(self, path: str) -> bool:
@@ -81,6 +82,11 @@ class FakeLoop:
 
     def device_size(self, device: str) -> int:
         return self.sizes[device]
+
+
+def _names(path: str, renamed: Sequence[str]) -> set[str]:
+    """The names sysfs gives a file bound at `path`: as csi.loopfind.gone_names."""
+    return {name + end for name in (path, *(path + s for s in renamed)) for end in ("", UNLINKED)}
 
 
 def open_backend(data: Path, loop: Any = None, **kw: Any) -> LocalBackend:

@@ -6,8 +6,9 @@ already bound, binding nothing; `release` detaches every loop device over the fi
 proved for a file is remembered and proved again (one ioctl) before it is used, so these need no scan of
 every loop device on the node, which grows with the node's volumes and runs for each stats call. `users`
 names the devices bound over the file's path, or over a file unlinked from it while bound (a volume
-deleted while staged); reading sysfs, it needs no privilege. The loop module is injectable (csi.loop by
-default, imported on first use) so unit tests need no root.
+deleted while staged); reading sysfs, it needs no privilege. Those, `leftovers` and `release` also
+count a file a delete set aside (`<file>.deleting`, files.doomed), perhaps unlinked since. The loop
+module is injectable (csi.loop by default, imported on first use) so unit tests need no root.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from typing import Any
 from csi import keys
 from csi.backends.local import files
 from csi.failures import FailedPreconditionError
+
+SET_ASIDE = (files.DOOMED,)  # a backing file a delete renamed: still the volume's until it is removed
 
 
 class LoopDevices:
@@ -86,12 +89,12 @@ class LoopDevices:
         the kernel gives their backing file; binds nothing. A file there that nobody holds open has none:
         no device is over it, and none over an earlier file at its path (volume ids are never reused)."""
         loop = self._module()
-        return [] if loop.unheld(path) else list(loop.backed_by(path, unlinked=True))
+        return [] if loop.unheld(path) else list(loop.backed_by(path, unlinked=True, renamed=SET_ASIDE))
 
     def leftovers(self, path: str) -> list[str]:
         """Loop devices bound over the file at `path`, or over a file since unlinked from it (replaced
         behind the driver's back), whether or not anything holds the file there now; binds nothing."""
-        return list(self._module().backed_by(path, unlinked=True))
+        return list(self._module().backed_by(path, unlinked=True, renamed=SET_ASIDE))
 
     def release(self, path: str) -> None:
         """Detach every loop device over `path`, or over a file since unlinked from it. Idempotent. The
@@ -101,4 +104,4 @@ class LoopDevices:
         device = self._known.pop(path, None)
         if device is not None and loop.detach(device, path) and loop.unheld(path):
             return None
-        loop.detach_file(path, unlinked=True)
+        loop.detach_file(path, unlinked=True, renamed=SET_ASIDE)
