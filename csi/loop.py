@@ -3,6 +3,9 @@
 Contracts:
 - `attach(file)` returns the /dev/loopN already backed by `file` (same st_dev/st_ino), or binds a free
   one (LOOP_CTL_GET_FREE + LOOP_CONFIGURE; autoclear off, direct I/O off, partition scan on). Idempotent.
+  It binds under a shared flock of the file, which the bound device keeps (the kernel holds the file
+  open through the fd it was bound with) until it is unbound: an exclusive flock holder (a delete)
+  knows no attach binds the file meanwhile.
 - `detach_file(file)` unbinds every loop device backed by `file` or, when the path holds no file any
   more (or with `unlinked`), every one bound to a file since unlinked from it; `detach(dev, file)`
   unbinds `dev` if it maps `file`. Idempotent: none -> no-op. A device still open elsewhere (mounted)
@@ -46,6 +49,7 @@ from csi.loopfind import (
     named,
     open_file,
     unheld,
+    unopened,
 )
 
 # <linux/loop.h>
@@ -77,6 +81,7 @@ __all__ = [
     "maps",
     "refresh_capacity",
     "unheld",
+    "unopened",
 ]
 
 # Serialises attach/detach inside this process so two callers never bind one file twice.
@@ -113,22 +118,41 @@ def _open_backing(backing_file: str) -> tuple[int, int]:
 
 
 def attach(backing_file: str) -> str:
-    """Loop device for `backing_file`, reusing one already bound to it. Returns /dev/loopN."""
-    with _lock:
-        fd, lo_flags = _open_backing(backing_file)
-        try:
+    """Loop device for `backing_file`, reusing one already bound to it. Returns /dev/loopN.
+
+    Binds holding a shared flock on the file (waiting while another holds an exclusive one), and only
+    while the file it opened is still the one at `backing_file` (else NotFoundError): a process that
+    holds an exclusive flock on the file knows no attach binds it meanwhile, and once it has renamed or
+    unlinked the file under that flock, no attach that opened it earlier binds it after. A device this
+    binds keeps that shared flock until it is unbound."""
+    fd, lo_flags = _open_backing(backing_file)
+    try:
+        _shared(fd, backing_file)
+        with _lock:
             existing = holders(fd)
             if existing:
                 return existing[0]
             try:
                 return _writable(_attach_ioctl(fd, lo_flags, backing_file))
             except _Fallback:
-                pass
-        finally:
-            os.close(fd)
-        return _writable(
-            _losetup("--find", "--show", "--partscan", backing_file, doing=f"attach {backing_file}")
-        )
+                return _writable(
+                    _losetup("--find", "--show", "--partscan", backing_file, doing=f"attach {backing_file}")
+                )
+    finally:
+        os.close(fd)  # and with it the flock, unless a device bound here holds the file now
+
+
+def _shared(fd: int, backing_file: str) -> None:
+    """A shared flock on the file open at `fd`, once it is still the file at `backing_file`: renamed or
+    unlinked meanwhile (the exclusive holder deleting it) -> NotFoundError."""
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    opened = os.fstat(fd)
+    try:
+        there = os.stat(backing_file)
+    except FileNotFoundError:
+        there = None
+    if there is None or (there.st_dev, there.st_ino) != (opened.st_dev, opened.st_ino):
+        raise NotFoundError(f"backing file {backing_file} was deleted or replaced while being attached")
 
 
 def _writable(device: str) -> str:

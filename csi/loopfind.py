@@ -89,7 +89,7 @@ def devices_for(st: os.stat_result) -> list[str]:
     return [device for device in bound_devices() if _same_inode(status(device), st)]
 
 
-def _unopened(fd: int) -> bool:
+def unopened(fd: int) -> bool:
     """True when no other open file refers to the inode open at `fd`, so no loop device is bound to it (a
     bound device holds its backing file open). fcntl(2): "a write lease may be placed on a file only if
     there are no other open file descriptors for the file". The lease is given back at once; another open
@@ -110,7 +110,7 @@ def _unopened(fd: int) -> bool:
 def holders(fd: int) -> list[str]:
     """Bound loop devices backed by the file open at `fd`: none without a scan when nobody else holds
     the file open, else the devices whose backing inode is the file's."""
-    return [] if _unopened(fd) else devices_for(os.fstat(fd))
+    return [] if unopened(fd) else devices_for(os.fstat(fd))
 
 
 def open_file(path: str, flags: int = os.O_RDONLY) -> int | None:
@@ -164,7 +164,7 @@ def unheld(path: str) -> bool:
     if fd is None:
         return False
     try:
-        return _unopened(fd)
+        return unopened(fd)
     finally:
         os.close(fd)
 

@@ -7,6 +7,7 @@ import fcntl
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -354,3 +355,35 @@ def test_losetup_does_the_work_when_the_ioctls_are_missing(
     assert loop.device_size(device) == 48 * MiB
     loop.detach_file(backing)
     assert loopfind.devices_for(os.stat(backing)) == []
+
+
+def test_attach_waits_for_a_delete_holding_the_file_and_binds_no_file_it_set_aside(backing: str) -> None:
+    """The local backend's DeleteVolume sets the file aside holding an exclusive flock of it (devices.
+    unused): an attach that opened the file before must not bind it after (a loop device over a file
+    being deleted), in this process or another."""
+    aside = backing + ".deleting"
+    outcome: dict[str, object] = {}
+
+    def attach() -> None:
+        try:
+            outcome["device"] = loop.attach(backing)
+        except NotFoundError as exc:
+            outcome["error"] = exc
+
+    fd = os.open(backing, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        attaching = threading.Thread(target=attach)
+        attaching.start()
+        attaching.join(0.5)
+        assert attaching.is_alive(), f"bound while a delete held the file: {outcome}"
+        os.rename(backing, aside)
+    finally:
+        os.close(fd)
+    attaching.join()
+    try:
+        assert isinstance(outcome.get("error"), NotFoundError), outcome
+        assert loopfind.devices_for(os.stat(aside)) == [], "no device over the file set aside"
+    finally:
+        loop.detach_file(aside)
+        os.rename(aside, backing)

@@ -73,6 +73,9 @@ class FakeLoop:
     def unheld(self, path: str) -> bool:
         return os.path.isfile(path) and path not in self.devices.values()
 
+    def unopened(self, fd: int) -> bool:
+        return os.readlink(f"/proc/self/fd/{fd}") not in self.devices.values()
+
     def maps(self, device: str, backing_file: str) -> bool:
         return self.backing_file(device) == backing_file
 

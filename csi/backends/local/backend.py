@@ -272,17 +272,12 @@ class LocalBackend(LocalReporting, SnapshotOperations, Backend):
         bound to a loop device -> FailedPreconditionError: the loop device is this backend's attachment
         on its host, which a force-detach (ControllerUnpublishVolume without NodeUnstageVolume) leaves in
         place, and unlinking the file under it would leave a filesystem mounted over a deleted file (EBS
-        refuses to delete an attached volume alike: VolumeInUse)."""
+        refuses to delete an attached volume alike: VolumeInUse). An attach binding a loop device over
+        the file right now -> BusyError (devices.unused)."""
         path = self.volume_path(volume_id)
         with self._locks.hold(volume_id):
-            users = self._devices.users(path)
-            if users:
-                self._row(volume_id)  # a volume already deleted is not in use: NotFoundError
-                raise FailedPreconditionError(
-                    f"the file of volume {volume_id} is still in use by {', '.join(users)}: the volume is "
-                    "still staged on the node; unstage it there (NodeUnstageVolume), then delete it"
-                )
-            with files.doomed([path]):
+            self._row(volume_id)  # a volume already deleted is not in use: NotFoundError
+            with self._devices.unused(volume_id, path), files.doomed([path]):
                 self.store.delete_volume(volume_id)
                 failpoints.hit("local.delete.recorded")
             failpoints.hit("local.delete.removed")

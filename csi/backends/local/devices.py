@@ -7,20 +7,23 @@ proved for a file is remembered and proved again (one ioctl) before it is used, 
 every loop device on the node, which grows with the node's volumes and runs for each stats call. `users`
 names the devices bound over the file's path, or over a file unlinked from it while bound (a volume
 deleted while staged); reading sysfs, it needs no privilege. Those, `leftovers` and `release` also
-count a file a delete set aside (`<file>.deleting`, files.doomed), perhaps unlinked since. The loop
-module is injectable (csi.loop by default, imported on first use) so unit tests need no root.
+count a file a delete set aside (`<file>.deleting`, files.doomed), perhaps unlinked since. `unused`
+keeps any loop device from being bound over a file while a delete sets it aside. The loop module is
+injectable (csi.loop by default, imported on first use) so unit tests need no root.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from types import ModuleType
 from typing import Any
 
 from csi import keys
 from csi.backends.local import files
-from csi.failures import FailedPreconditionError
+from csi.failures import BusyError, FailedPreconditionError
 
 SET_ASIDE = (files.DOOMED,)  # a backing file a delete renamed: still the volume's until it is removed
 
@@ -84,12 +87,35 @@ class LoopDevices:
             loop.refresh_capacity(device)
         return device
 
-    def users(self, path: str) -> list[str]:
+    def users(self, path: str, fd: int | None = None) -> list[str]:
         """Loop devices bound over the file at `path`, or over a file since unlinked from it, by the name
         the kernel gives their backing file; binds nothing. A file there that nobody holds open has none:
-        no device is over it, and none over an earlier file at its path (volume ids are never reused)."""
+        no device is over it, and none over an earlier file at its path (volume ids are never reused).
+        `fd`: the caller's own open file there, which does not count as holding it."""
         loop = self._module()
-        return [] if loop.unheld(path) else list(loop.backed_by(path, unlinked=True, renamed=SET_ASIDE))
+        free = loop.unheld(path) if fd is None else loop.unopened(fd)
+        return [] if free else list(loop.backed_by(path, unlinked=True, renamed=SET_ASIDE))
+
+    @contextlib.contextmanager
+    def unused(self, volume_id: str, path: str) -> Iterator[None]:
+        """Run the block while no loop device is over the volume's file at `path` (`users`) and none can
+        be bound to it: an exclusive flock of the file, which csi.loop.attach, binding under a shared one
+        (kept by the device it binds), waits for in any process of the host. A device over it ->
+        FailedPreconditionError (still staged on this node); an attach about to bind one -> BusyError.
+        No file there: none is locked."""
+        with _exclusive(path) as (fd, locked):
+            users = self.users(path, fd if locked else None)
+            if users:
+                raise FailedPreconditionError(
+                    f"the file of volume {volume_id} is still in use by {', '.join(users)}: the volume is "
+                    "still staged on the node; unstage it there (NodeUnstageVolume), then delete it"
+                )
+            if not locked:
+                raise BusyError(
+                    f"volume {volume_id} is being attached on this host (NodeStageVolume) right now; "
+                    "retry the delete once that is over"
+                )
+            yield
 
     def leftovers(self, path: str) -> list[str]:
         """Loop devices bound over the file at `path`, or over a file since unlinked from it (replaced
@@ -105,3 +131,24 @@ class LoopDevices:
         if device is not None and loop.detach(device, path) and loop.unheld(path):
             return None
         loop.detach_file(path, unlinked=True, renamed=SET_ASIDE)
+
+
+@contextlib.contextmanager
+def _exclusive(path: str) -> Iterator[tuple[int | None, bool]]:
+    """An fd on the file at `path` (None when no file is there) and whether it holds an exclusive flock,
+    for the block: not when another fd holds a flock on it (an attach, or the device it bound)."""
+    fd = None
+    with contextlib.suppress(FileNotFoundError):
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    if fd is None:
+        yield None, True
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield fd, False
+        else:
+            yield fd, True
+    finally:
+        os.close(fd)
