@@ -14,7 +14,7 @@ import pytest
 
 from csi import failures
 from csi.backends.base import DiskOptions
-from csi.backends.local import LocalBackend
+from csi.backends.local import LocalBackend, files
 from tests.unit.test_local import FakeLoop, MiB, open_backend, volume_files
 
 WAIT = 0.5  # seconds a racing call gets to finish while the first is at its critical step
@@ -58,3 +58,56 @@ def test_a_delete_refuses_a_file_an_attach_is_binding(be: LocalBackend) -> None:
         os.close(fd)
     be.delete_volume(vol.id)
     assert volume_files(Path(be.layout.data_dir)) == []
+
+
+def test_a_refused_delete_never_moves_the_file_of_a_published_volume(be: LocalBackend) -> None:
+    """CSI DeleteVolume: a volume in use -> FAILED_PRECONDITION, "not altered in any way": a NodeStage or
+    a health check meanwhile must find its file where it is."""
+    vol = be.create_volume("v", DiskOptions(size_bytes=MiB))
+    path = be.volume_path(vol.id)
+    be.attach(vol.id, "node-1", False)
+    seen: list[bool] = []
+    real = be.store.delete_volume
+
+    def checked(volume_id: str) -> None:
+        seen.append(os.path.exists(path))
+        real(volume_id)
+
+    be.store.delete_volume = checked  # type: ignore[method-assign]
+    with pytest.raises(failures.FailedPreconditionError, match=r"published to node.*node-1"):
+        be.delete_volume(vol.id)
+    assert False not in seen, "the file was set aside while the delete was being refused"
+    assert os.path.exists(path)
+
+
+def test_a_publish_waits_for_a_delete_under_way(be: LocalBackend) -> None:
+    """ControllerPublish racing DeleteVolume: the delete checks for attachments under the volume's lock,
+    which the publish takes too, so the publish comes after it (NOT_FOUND), never between the check and
+    the record (which renamed the file for a moment and refused the delete)."""
+    vol = be.create_volume("v", DiskOptions(size_bytes=MiB))
+    real = be.store.delete_volume
+    racers: list[tuple[threading.Thread, dict[str, Any]]] = []
+
+    def publish_meanwhile(volume_id: str) -> None:
+        racers.append(_racing(lambda: be.attach(vol.id, "node-1", False)))
+        real(volume_id)
+
+    be.store.delete_volume = publish_meanwhile  # type: ignore[method-assign]
+    be.delete_volume(vol.id)
+    thread, outcome = racers[0]
+    thread.join()
+    assert isinstance(outcome.get("error"), failures.NotFoundError), outcome
+
+
+def test_a_file_named_back_is_durable_before_the_error_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A delete whose record stays names its file back: synced, or a power loss could bring it back as
+    `.deleting` while the error already told the CO the volume is there."""
+    path = tmp_path / "lv-1.img"
+    path.write_bytes(b"")
+    synced: list[str] = []
+    monkeypatch.setattr(files, "sync_dir", synced.append)
+    with pytest.raises(failures.TransientError), files.doomed([str(path)]):
+        raise failures.TransientError("the record could not be deleted")
+    assert path.exists() and synced == [str(tmp_path)]

@@ -45,7 +45,7 @@ from csi.backends.local.reserve import Reserve
 from csi.backends.local.room import Room
 from csi.backends.local.rows import AttachmentRow, VolumeRow
 from csi.backends.local.snapshots import LocalSnapshots, SnapshotOperations
-from csi.backends.local.state import NameTaken, Store
+from csi.backends.local.state import NameTaken, Store, still_published
 from csi.backends.local.topology import Segment
 from csi.failures import (
     AlreadyExistsError,
@@ -273,10 +273,13 @@ class LocalBackend(LocalReporting, SnapshotOperations, Backend):
         on its host, which a force-detach (ControllerUnpublishVolume without NodeUnstageVolume) leaves in
         place, and unlinking the file under it would leave a filesystem mounted over a deleted file (EBS
         refuses to delete an attached volume alike: VolumeInUse). An attach binding a loop device over
-        the file right now -> BusyError (devices.unused)."""
+        the file right now -> BusyError (devices.unused); a refused delete leaves the file in place."""
         path = self.volume_path(volume_id)
-        with self._locks.hold(volume_id):
+        with self._locks.hold(volume_id):  # which attach() takes: no publish between check and rename
             self._row(volume_id)  # a volume already deleted is not in use: NotFoundError
+            nodes = [a.node_id for a in self.store.attachments([volume_id]).get(volume_id, [])]
+            if nodes:  # refused before the file is touched: CSI "not altered in any way"
+                raise still_published(volume_id, nodes)
             with self._devices.unused(volume_id, path), files.doomed([path]):
                 self.store.delete_volume(volume_id)
                 failpoints.hit("local.delete.recorded")
@@ -349,7 +352,8 @@ class LocalBackend(LocalReporting, SnapshotOperations, Backend):
             raise NotFoundError(f"node {node_id!r} not found (this data dir serves node {self.node_id!r})")
         multi_node = bool(row.spec.get("multi_node"))
         try:
-            self.store.attach(volume_id, node_id, readonly, multi_node=multi_node, limit=self.max_volumes)
+            with self._locks.hold(volume_id):  # delete_volume checks for attachments under it
+                self.store.attach(volume_id, node_id, readonly, multi_node=multi_node, limit=self.max_volumes)
         except ValueError:
             raise AlreadyExistsError(
                 f"volume {volume_id} is already published to {node_id} with readonly={not readonly}"

@@ -221,8 +221,9 @@ def doomed(paths: Sequence[str]) -> Iterator[None]:
     freed, else at once. After a
     crash, start-up reconciliation finishes what it finds: a `.deleting` file whose record is gone is
     removed, one whose record is still there gets its name back. So a crash between a delete's record
-    and its file does not leave the deleted data behind as an orphan. The renames are not synced: after
-    a power loss a file may be back under its own name without a record, and is quarantined."""
+    and its file does not leave the deleted data behind as an orphan. The renames that set files aside
+    are not synced: after a power loss a file may be back under its own name without a record, and is
+    quarantined. Naming them back is synced (their directory) before the block's error goes on."""
     moved = []
     for path in paths:
         with contextlib.suppress(FileNotFoundError):
@@ -233,6 +234,8 @@ def doomed(paths: Sequence[str]) -> Iterator[None]:
     except BaseException:
         for path in moved:
             os.rename(path + DOOMED, path)
+        for directory in sorted({os.path.dirname(path) for path in moved}):
+            sync_dir(directory)  # the record stays, and its file keeps its name through a power loss
         raise
     discard([path + DOOMED for path in moved])
 

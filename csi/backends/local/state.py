@@ -58,6 +58,13 @@ def _provisioned(db: sqlite3.Connection) -> int:
     return int(db.execute("SELECT COALESCE(SUM(size), 0) FROM volumes").fetchone()[0])
 
 
+def still_published(volume_id: str, nodes: Sequence[str]) -> FailedPreconditionError:
+    """DeleteVolume's refusal of a volume still published to `nodes`."""
+    return FailedPreconditionError(
+        f"volume {volume_id} is still published to node(s) {', '.join(sorted(nodes))}; unpublish it first"
+    )
+
+
 class Store:
     def __init__(self, path: str, reserve: Reserve | None = None) -> None:
         """`reserve`: the space reserve this process keeps (the data dir's owner); None: none."""
@@ -233,14 +240,8 @@ class Store:
                 return
             if db.execute("SELECT 1 FROM volumes WHERE id = ?", (volume_id,)).fetchone() is None:
                 raise NotFoundError(f"volume {volume_id} not found")
-            nodes = [
-                r["node_id"]
-                for r in db.execute("SELECT node_id FROM attachments WHERE volume_id = ?", (volume_id,))
-            ]
-            raise FailedPreconditionError(
-                f"volume {volume_id} is still published to node(s) {', '.join(sorted(nodes))}; "
-                "unpublish it first"
-            )
+            sql = "SELECT node_id FROM attachments WHERE volume_id = ?"
+            raise still_published(volume_id, [r["node_id"] for r in db.execute(sql, (volume_id,))])
 
         self._freeing(delete, grouped=True)
 
