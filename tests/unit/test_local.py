@@ -317,23 +317,6 @@ def test_copy_never_makes_a_file_longer_than_asked(tmp_path: Path, size: int | N
     assert not dst.exists()
 
 
-def test_a_restore_whose_snapshot_is_deleted_mid_copy_is_not_found(
-    be: LocalBackend, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    vol = be.create_volume("src", DiskOptions(size_bytes=MiB))
-    snap = be.create_snapshot("s", vol.id, {})
-    real_copy = files.copy
-
-    def deleted_first(src: str, dst: str, size: int | None = None, **kw: Any) -> bool:
-        be.delete_snapshot(snap.id)
-        return real_copy(src, dst, size, **kw)
-
-    monkeypatch.setattr(files, "copy", deleted_first)
-    with pytest.raises(failures.NotFoundError, match="deleted during the copy"):
-        be.create_volume("r", DiskOptions(size_bytes=MiB, source=ContentSource(SourceKind.SNAPSHOT, snap.id)))
-    assert be.store.volume_by_name("r") is None
-
-
 @pytest.mark.parametrize(
     ("requisite", "answer"),
     [

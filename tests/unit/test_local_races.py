@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from csi import failures
-from csi.backends.base import DiskOptions
+from csi.backends.base import ContentSource, DiskOptions, SourceKind
 from csi.backends.local import LocalBackend, files
 from tests.unit.test_local import FakeLoop, MiB, open_backend, volume_files
 
@@ -111,3 +111,48 @@ def test_a_file_named_back_is_durable_before_the_error_goes_on(
     with pytest.raises(failures.TransientError), files.doomed([str(path)]):
         raise failures.TransientError("the record could not be deleted")
     assert path.exists() and synced == [str(tmp_path)]
+
+
+def test_a_restore_racing_the_delete_of_its_snapshot_is_not_found(be: LocalBackend) -> None:
+    """CSI CreateVolume: "Source does not exist" -> NOT_FOUND; never FAILED_PRECONDITION for a snapshot
+    file a delete has set aside but not yet unrecorded (final for external-provisioner)."""
+    vol = be.create_volume("src", DiskOptions(size_bytes=MiB))
+    snap = be.create_snapshot("s", vol.id, {})
+    real = be.store.delete_snapshot
+    racers: list[tuple[threading.Thread, dict[str, Any]]] = []
+    source = ContentSource(SourceKind.SNAPSHOT, snap.id)
+
+    def restore_meanwhile(snapshot_id: str) -> None:  # the file is set aside, the record still there
+        racers.append(_racing(lambda: be.create_volume("r", DiskOptions(size_bytes=MiB, source=source))))
+        real(snapshot_id)
+
+    be.store.delete_snapshot = restore_meanwhile  # type: ignore[method-assign]
+    be.delete_snapshot(snap.id)
+    thread, outcome = racers[0]
+    thread.join()
+    assert isinstance(outcome.get("error"), failures.NotFoundError), outcome
+    assert be.store.volume_by_name("r") is None
+
+
+def test_a_restore_copying_a_snapshot_deleted_meanwhile_finishes(
+    be: LocalBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once the restore has opened the snapshot's file it copies from that, without the lock: the delete
+    does not wait for the copy, and the copy does not fail for the delete."""
+    vol = be.create_volume("src", DiskOptions(size_bytes=MiB))
+    snap = be.create_snapshot("s", vol.id, {})
+    real_reflink = files._reflink
+    racers: list[tuple[threading.Thread, dict[str, Any]]] = []
+
+    def delete_meanwhile(src_fd: int, dst_fd: int) -> bool:
+        racers.append(_racing(lambda: be.delete_snapshot(snap.id)))
+        return real_reflink(src_fd, dst_fd)
+
+    monkeypatch.setattr(files, "_reflink", delete_meanwhile)
+    source = ContentSource(SourceKind.SNAPSHOT, snap.id)
+    restored = be.create_volume("r", DiskOptions(size_bytes=MiB, source=source))
+    thread, outcome = racers[0]
+    assert not thread.is_alive() and "error" not in outcome, "the delete went ahead"
+    assert be.get_volume(restored.id).id == restored.id
+    with pytest.raises(failures.NotFoundError):
+        be.get_snapshot(snap.id)

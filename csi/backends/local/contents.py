@@ -5,6 +5,7 @@ caller commits the volume's record only after that (docs/recovery.md, "Power los
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 
@@ -79,20 +80,33 @@ Hold = Callable[[str, str], AbstractContextManager[object]]
 def write_volume_file(
     layout: Layout, store: Store, locks: KeyedLocks, path: str, options: DiskOptions, hold: Hold
 ) -> None:
-    """The new volume's backing file at `path`: sparse, or a copy of its content source taken under the
-    source volume's lock; a source volume's writes held by `hold(volume id, its file)` while a copy
-    that is no reflink runs (files.copy), which makes it point-in-time."""
+    """The new volume's backing file at `path`: sparse, or a copy of its content source. The source's
+    record is read and its file opened under its lock, which its delete holds too: a source deleted
+    meanwhile is NotFound (CSI CreateVolume: "Source does not exist"), never a file found missing. A
+    source volume is copied under its lock, its writes held by `hold(volume id, its file)` while a copy
+    that is no reflink runs (files.copy), which makes it point-in-time; a snapshot's file never changes,
+    so restores from it copy side by side, from a file that stays readable once opened."""
     if options.source is None:
         files.create_sparse(path, options.size_bytes)
         return
     source = options.source
-    lock = source.id if source.kind is SourceKind.VOLUME else ""  # a snapshot's file never changes
-    with locks.hold(*([lock] if lock else [])):
+    with locks.hold(source.id):
         src = source_file(layout, store, source, options.size_bytes)
-        held = (lambda: hold(lock, src)) if lock else nullcontext
         try:
-            files.copy(src, path, options.size_bytes, held=held)
+            fd = os.open(src, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError as exc:
-            if source.kind is SourceKind.SNAPSHOT and store.snapshot(source.id) is None:
-                raise NotFoundError(f"source snapshot {source.id} was deleted during the copy") from exc
             raise FailedPreconditionError(f"the backing file of source {source.id} is missing") from exc
+        if source.kind is SourceKind.VOLUME:
+            _copy(fd, src, path, options.size_bytes, lambda: hold(source.id, src))
+            return
+    _copy(fd, src, path, options.size_bytes, nullcontext)
+
+
+def _copy(
+    fd: int, src: str, path: str, size: int, held: Callable[[], AbstractContextManager[object]]
+) -> None:
+    """files.copy_open, then the source's fd closed."""
+    try:
+        files.copy_open(fd, src, path, size, held=held)
+    finally:
+        os.close(fd)

@@ -127,32 +127,45 @@ def copy(
     """
     src_fd = os.open(src, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        dst_fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        try:
-            ownership.hand_over(dst_fd, os.path.dirname(dst))
-            length = os.fstat(src_fd).st_size
-            if size is not None and length > size:  # never a file bigger than its record says
-                raise OutOfRangeError(f"{src} is {length} bytes, larger than the {size} asked for")
-            shared = _reflink(src_fd, dst_fd)
-            if not shared:
-                _room_for(src_fd, dst)
-                os.ftruncate(dst_fd, length)
-                with held():
-                    _sparse_copy(src_fd, dst_fd, length)
-            if size is not None and size > length:
-                os.ftruncate(dst_fd, size)
-            os.fsync(dst_fd)
-        except BaseException as exc:
-            os.close(dst_fd)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(dst)
-            full = _no_space(exc, dst)
-            if full is not None:
-                raise full from exc
-            raise
-        os.close(dst_fd)
+        return copy_open(src_fd, src, dst, size, held=held)
     finally:
         os.close(src_fd)
+
+
+def copy_open(
+    src_fd: int,
+    src: str,
+    dst: str,
+    size: int | None = None,
+    *,
+    held: Callable[[], contextlib.AbstractContextManager[object]] = contextlib.nullcontext,
+) -> bool:
+    """`copy` from the file open at `src_fd` (named `src` in errors), which the caller closes: the file
+    stays readable after it is renamed or unlinked."""
+    dst_fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    try:
+        ownership.hand_over(dst_fd, os.path.dirname(dst))
+        length = os.fstat(src_fd).st_size
+        if size is not None and length > size:  # never a file bigger than its record says
+            raise OutOfRangeError(f"{src} is {length} bytes, larger than the {size} asked for")
+        shared = _reflink(src_fd, dst_fd)
+        if not shared:
+            _room_for(src_fd, dst)
+            os.ftruncate(dst_fd, length)
+            with held():
+                _sparse_copy(src_fd, dst_fd, length)
+        if size is not None and size > length:
+            os.ftruncate(dst_fd, size)
+        os.fsync(dst_fd)
+    except BaseException as exc:
+        os.close(dst_fd)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(dst)
+        full = _no_space(exc, dst)
+        if full is not None:
+            raise full from exc
+        raise
+    os.close(dst_fd)
     sync_dir(os.path.dirname(dst))
     return shared
 

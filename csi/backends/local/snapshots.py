@@ -200,16 +200,21 @@ class LocalSnapshots:
             raise
 
     def delete(self, snapshot_id: str) -> None:
+        """Under the snapshot's lock, which a restore from it holds while it reads the record and opens
+        the file (contents.py): a restore sees the snapshot whole, or not at all (NotFoundError), never
+        its file set aside."""
         path = self._layout.snapshot_file(snapshot_id)
-        row = self._store.snapshot(snapshot_id)
-        if row is None:
-            raise NotFoundError(f"snapshot {snapshot_id} not found")
-        if row.group_id:
-            raise InvalidParameterError(
-                f"snapshot {snapshot_id} belongs to group snapshot {row.group_id}; delete the group instead"
-            )
-        with files.doomed([path]):
-            self._store.delete_snapshot(snapshot_id)
+        with self._locks.hold(snapshot_id):
+            row = self._store.snapshot(snapshot_id)
+            if row is None:
+                raise NotFoundError(f"snapshot {snapshot_id} not found")
+            if row.group_id:
+                group = row.group_id
+                raise InvalidParameterError(
+                    f"snapshot {snapshot_id} belongs to group snapshot {group}; delete the group instead"
+                )
+            with files.doomed([path]):
+                self._store.delete_snapshot(snapshot_id)
 
     def get(self, snapshot_id: str) -> Snapshot:
         self._layout.snapshot_file(snapshot_id)
@@ -308,9 +313,9 @@ class LocalSnapshots:
     def delete_group(self, group_id: str) -> None:
         if not GROUP_ID.fullmatch(group_id) or self._store.group(group_id) is None:
             raise NotFoundError(f"group snapshot {group_id!r} not found")
-        members = [self._layout.snapshot_file(m.id) for m in self._store.group_members(group_id)]
-        with files.doomed(members):
-            self._store.delete_group(group_id)
+        ids = [m.id for m in self._store.group_members(group_id)]
+        with self._locks.hold(*ids), files.doomed([self._layout.snapshot_file(i) for i in ids]):
+            self._store.delete_group(group_id)  # under the members' locks, as delete
 
     def get_group(self, group_id: str) -> GroupSnapshot:
         group = self._store.group(group_id) if GROUP_ID.fullmatch(group_id) else None
