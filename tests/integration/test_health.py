@@ -53,9 +53,10 @@ def _device_of(mount_point: str) -> str:
     ).stdout.strip()
 
 
-def _trigger_ext4_error(name: str, text: str) -> None:
+def _trigger_ext4_error(name: str | None, text: str) -> None:
     """Count one error on ext4 device `name` and wait until sysfs shows it: the kernel stashes the error
     and copies it into the superblock's counter (which errors_count reads) from a work queue, later."""
+    assert name is not None, "the staged device has no kernel name"
     counter = Path(f"/sys/fs/ext4/{name}/errors_count")
     before = int(counter.read_text())
     with open(f"/sys/fs/ext4/{name}/trigger_fs_error", "w") as knob:
