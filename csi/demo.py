@@ -3,8 +3,9 @@
 The driver runs in this process on a temporary unix socket and is driven over gRPC exactly as a CO
 would: create, attach, stage, publish, write + checksum, snapshot, write more, restore the snapshot into
 a new volume, stage + publish it, verify the checksum, expand online. Everything is unmounted, detached
-and deleted afterwards even when a step fails (`--keep` keeps the volumes and the data dir).
-Needs root: it attaches loop devices and mounts filesystems. Exit 0 on success, 1 on failure.
+and deleted afterwards even when a step fails (`--keep` keeps the volumes and the data dir); of a
+`--data-dir` only what the demo made (DataDir.remove). Needs root: it attaches loop devices and mounts
+filesystems. Exit 0 on success, 1 on failure.
 """
 
 from __future__ import annotations
@@ -20,12 +21,13 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import Any, NamedTuple, TextIO
 
 import grpc
 
 from csi._proto import csi_pb2, csi_pb2_grpc
 from csi.config import parse_args
+from csi.failures import DriverError
 
 MiB = 1024**2
 FS_TYPE = "xfs"  # grows online with CAP_SYS_ADMIN alone (online ext4 growth also needs CAP_SYS_RESOURCE)
@@ -52,6 +54,7 @@ class Demo:
     out: TextIO
     undo: list[tuple[str, Callable[[], Any]]] = field(default_factory=list)
     count: int = 0
+    owns_data_dir: bool = False  # the driver took the data dir (its owner lock): the demo may clean it
 
     @contextlib.contextmanager
     def step(self, title: str) -> Iterator[list[str]]:
@@ -244,24 +247,57 @@ def run_demo(ns: argparse.Namespace, out: TextIO = sys.stdout) -> int:
         logger.setLevel(level)
 
 
+class DataDir(NamedTuple):
+    """A --data-dir and the names it held before the demo (None: the demo makes the dir)."""
+
+    path: str
+    before: frozenset[str] | None
+
+    def remove(self, owned: bool) -> None:
+        """Remove what the demo made: the whole dir if the demo made it or found it empty, else only the
+        entries that were not there before. Not `owned` (the driver refused the dir, e.g. another
+        driver's): nothing but the empty dir the demo made."""
+        if not owned:
+            with contextlib.suppress(OSError):
+                if self.before is None:
+                    os.rmdir(self.path)
+        elif not self.before:
+            shutil.rmtree(self.path, ignore_errors=True)
+        else:
+            for entry in (os.path.join(self.path, n) for n in set(os.listdir(self.path)) - self.before):
+                with contextlib.suppress(OSError):
+                    if os.path.isdir(entry) and not os.path.islink(entry):
+                        shutil.rmtree(entry)
+                    else:
+                        os.unlink(entry)
+
+
+def _survey(path: str) -> DataDir:
+    try:
+        return DataDir(path, frozenset(os.listdir(path)))
+    except FileNotFoundError:
+        return DataDir(path, None)
+
+
 def _demo(ns: argparse.Namespace, out: TextIO) -> int:
     work = tempfile.mkdtemp(prefix="ballast-demo-")
-    data_dir = os.path.abspath(ns.demo_data_dir) if ns.demo_data_dir else os.path.join(work, "data")
+    given = _survey(os.path.abspath(ns.demo_data_dir)) if ns.demo_data_dir else None
+    data_dir = given.path if given else os.path.join(work, "data")
     demo = Demo(out)
     ok = False
     try:
         _run(demo, work, data_dir, bool(ns.keep))
         ok = True
-    except (DemoError, grpc.RpcError, OSError) as exc:
+    except (DemoError, DriverError, grpc.RpcError, OSError) as exc:
         print(f"demo failed: {exc}", file=out, flush=True)
     finally:
         cleaned = demo.cleanup()
         shutil.rmtree(os.path.join(work, "kubelet"), ignore_errors=True)
         if ns.keep:
             print(f"kept the data dir {data_dir}", file=out)
-        elif ns.demo_data_dir:
-            shutil.rmtree(data_dir, ignore_errors=True)
-        if not (ns.keep and not ns.demo_data_dir):  # the work dir goes unless it holds the kept data dir
+        elif given is not None:
+            given.remove(demo.owns_data_dir)
+        if not (ns.keep and given is None):  # the work dir goes unless it holds the kept data dir
             shutil.rmtree(work, ignore_errors=True)
     if ok and cleaned:
         print("demo finished: every step passed and everything was cleaned up", file=out)
@@ -287,17 +323,15 @@ def _start(demo: Demo, work: str, data_dir: str, kubelet: str) -> Stubs:
 
     socket = os.path.join(work, "csi.sock")
     argv = [
-        "--endpoint", f"unix://{socket}",
-        "--data-dir", data_dir,
-        "--kubelet-dir", kubelet,
-        "--node-id", NODE_ID,
-        "--log-level", "warning",
+        "--endpoint", f"unix://{socket}", "--data-dir", data_dir, "--kubelet-dir", kubelet,
+        "--node-id", NODE_ID, "--log-level", "warning",
     ]  # fmt: skip
     with demo.step("start the driver (all services, local backend)") as notes:
         config, _ = parse_args(argv)
-        driver = Driver(config)
-        driver.start()
+        driver = Driver(config)  # raises, touching nothing, when another process holds the data dir
+        demo.owns_data_dir = True
         demo.on_cleanup("stop the driver", lambda: driver.stop(grace=10))
+        driver.start()
         channel = grpc.insecure_channel(f"unix://{socket}")
         grpc.channel_ready_future(channel).result(timeout=10)
         demo.on_cleanup("close the channel", channel.close)

@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 
 from csi import demo, loop, loopfind
+from csi.config import parse_args
 from csi.demo import run_demo
 from csi.mount import Mounter
+from csi.server import build_backend
 from tests.conftest import require_root, require_tool
 
 STEPS = (
@@ -82,3 +84,55 @@ def test_demo_failing_late_still_cleans_up(tmp_path: Path, monkeypatch: pytest.M
     assert _loops_over(data) == []
     assert [m for m in Mounter().mounts() if "ballast-demo-" in m.mount_point] == []
     assert not os.path.exists(data)
+
+
+def _need_demo_tools() -> None:
+    require_root()
+    for tool in ("mkfs.xfs", "xfs_growfs", "blkid"):
+        require_tool(tool)
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() if p.is_file() else b"/" for p in root.rglob("*")}
+
+
+def test_demo_refused_by_a_live_drivers_data_dir_touches_nothing(tmp_path: Path) -> None:
+    """Another driver holds the data dir: the demo fails in one line and leaves every file in place."""
+    _need_demo_tools()
+    data = tmp_path / "live"
+    data.mkdir()
+    (data / "notes.txt").write_text("precious")
+    config, _ = parse_args(["--data-dir", str(data), "--kubelet-dir", str(tmp_path / "kubelet")])
+    live = build_backend(config)  # a running driver's backend: state database, owner lock
+    try:
+        before = _tree(data)
+        out = io.StringIO()
+        assert run_demo(argparse.Namespace(demo_data_dir=str(data), keep=False), out) == 1
+        assert _tree(data) == before, "nothing in a refused data dir is removed"
+    finally:
+        live.close()
+    text = out.getvalue()
+    assert "demo failed: data dir" in text and "is in use by ballast-csi controller" in text, text
+    assert "Traceback" not in text
+
+
+def test_demo_removes_only_what_it_made_in_a_data_dir_with_other_files(tmp_path: Path) -> None:
+    _need_demo_tools()
+    data = tmp_path / "shared"
+    (data / "sub").mkdir(parents=True)
+    (data / "notes.txt").write_text("precious")
+    (data / "sub" / "more.txt").write_text("precious too")
+    before = _tree(data)
+    out = io.StringIO()
+    assert run_demo(argparse.Namespace(demo_data_dir=str(data), keep=False), out) == 0, out.getvalue()
+    assert _tree(data) == before, "the demo's state and volume files go, the other files stay"
+    assert _loops_over(data) == []
+
+
+def test_demo_removes_the_empty_data_dir_it_was_given(tmp_path: Path) -> None:
+    _need_demo_tools()
+    data = tmp_path / "empty"
+    data.mkdir()
+    out = io.StringIO()
+    assert run_demo(argparse.Namespace(demo_data_dir=str(data), keep=False), out) == 0, out.getvalue()
+    assert not data.exists()
