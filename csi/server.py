@@ -1,7 +1,10 @@
 """Composition root: configuration -> backend -> services -> gRPC server on a unix socket.
 
 `run(config)` serves until SIGTERM/SIGINT, which stop accepting calls, let in-flight calls finish (up to the
-grace period), remove the socket and return 0. The command line is csi/cli.py's.
+grace period, after which gRPC cancels them), wait for their handlers to return, remove the socket, close
+the backend (releasing the data dir) and return 0. A handler still running SETTLE_SECONDS after the grace
+ends the process instead (exit 1): no call may outlive "stopped" while a second driver takes over the
+backend. The command line is csi/cli.py's.
 """
 
 from __future__ import annotations
@@ -33,6 +36,9 @@ from shim import failpoints
 
 log = logging.getLogger("ballast.server")
 GRACE_SECONDS = 30.0
+# After the grace: how long the handlers of cancelled calls may take to return (a cancelled call's work,
+# an mkfs say, runs on). GRACE_SECONDS + SETTLE_SECONDS stays below the chart's terminationGracePeriodSeconds.
+SETTLE_SECONDS = 10.0
 
 
 def socket_path(endpoint: str) -> str | None:
@@ -106,10 +112,11 @@ class Driver:
 
             self.metrics = Metrics(config, self.backend, self.inflight)
         observe = self.metrics.observe_rpc if self.metrics else None
+        self._pool = futures.ThreadPoolExecutor(
+            max_workers=pool_size(config.server.workers), thread_name_prefix="rpc"
+        )
         self.server = grpc.server(
-            futures.ThreadPoolExecutor(
-                max_workers=pool_size(config.server.workers), thread_name_prefix="rpc"
-            ),
+            self._pool,
             interceptors=[
                 logs.LoggingInterceptor(observe),
                 ErrorInterceptor(),
@@ -177,18 +184,39 @@ class Driver:
             self.config.backend.name,
         )
 
-    def stop(self, grace: float = GRACE_SECONDS) -> None:
-        """Drain in-flight calls, then release the socket and the backend. Idempotent."""
+    def stop(self, grace: float = GRACE_SECONDS, settle: float = SETTLE_SECONDS) -> bool:
+        """Stop accepting calls, let in-flight calls finish for up to `grace` seconds (gRPC then cancels
+        them), wait up to `settle` seconds more for their handlers to return, then release the socket
+        and the backend; True. A handler still running then keeps the backend (its data dir lock
+        included): False, and the caller must end the process so no work outlives the stop. Idempotent."""
         if self._stopped.is_set():
-            return
+            return True
         self._stopped.set()
         self.server.stop(grace).wait()
         if self.metrics is not None:
             self.metrics.stop()
+        if not _returned(self._pool, settle):
+            log.error(
+                "calls still running %g s after the %g s grace (%d of them holding volumes); the "
+                "backend stays open until the process ends",
+                settle,
+                grace,
+                len(self.inflight),
+            )
+            return False
         if self._socket:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self._socket)
         self.backend.close()
+        return True
+
+
+def _returned(pool: futures.ThreadPoolExecutor, timeout: float) -> bool:
+    """True once every handler the pool runs has returned, False if one still runs after `timeout`."""
+    waiter = threading.Thread(target=pool.shutdown, kwargs={"wait": True}, name="rpc-drain", daemon=True)
+    waiter.start()
+    waiter.join(timeout)
+    return not waiter.is_alive()
 
 
 def _settle_collector() -> None:
@@ -220,6 +248,9 @@ def run(config: Config) -> int:
     stop.wait()
     if remover is not None:
         remover.stop()
-    driver.stop()
+    if not driver.stop(GRACE_SECONDS, SETTLE_SECONDS):
+        log.error("exiting without waiting for them: the process's end releases the data dir")
+        logging.shutdown()
+        os._exit(1)  # a normal exit would join the handler threads, that is wait for them after all
     log.info("stopped")
     return 0

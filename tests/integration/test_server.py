@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -173,3 +174,95 @@ def test_stop_drains_in_flight_calls(tmp_path: Path) -> None:
         t.join(timeout=10)
     assert results == [True], "the call in flight when stop() began completed successfully"
     assert not (tmp_path / "s.sock").exists()
+
+
+class _Hung(FakeBackend):
+    """A Probe whose handler runs on, past the grace, until `release` is set; `close` notes whether that
+    handler had returned by then."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+        self.returned = threading.Event()
+        self.closed_after_return: bool | None = None
+
+    def probe(self) -> bool:
+        self.release.wait(30)
+        self.returned.set()
+        return True
+
+    def close(self) -> None:
+        self.closed_after_return = self.returned.is_set()
+        super().close()
+
+
+def _probe_in_background(sock: Path) -> threading.Thread:
+    def call() -> None:
+        with client(str(sock)) as c, contextlib.suppress(grpc.RpcError):
+            c.identity.Probe(csi_pb2.ProbeRequest(), timeout=30)
+
+    t = threading.Thread(target=call)
+    t.start()
+    return t
+
+
+@pytest.mark.parametrize(
+    ("returns_after", "settle", "released"),
+    [
+        pytest.param(1.0, 10.0, True, id="handler-returns-after-the-grace-then-release"),
+        pytest.param(None, 0.5, False, id="handler-stuck-past-the-settle-time-keeps-the-backend"),
+    ],
+)
+def test_stop_waits_for_handlers_past_the_grace_before_releasing_the_backend(
+    tmp_path: Path, returns_after: float | None, settle: float, released: bool
+) -> None:
+    """gRPC cancels calls at the end of the grace but their handlers run on; the backend (the data dir
+    lock with it) is closed only once they have returned, or not at all (the process must end)."""
+    backend = _Hung()
+    config, _ = parse_args(["--endpoint", f"unix://{tmp_path}/s.sock", "--node-id", FAKE_NODE])
+    driver = Driver(config, backend=backend)
+    driver.start()
+    caller = _probe_in_background(tmp_path / "s.sock")
+    try:
+        time.sleep(0.3)
+        if returns_after is not None:
+            threading.Timer(returns_after, backend.release.set).start()
+        assert driver.stop(grace=0.2, settle=settle) is released
+        assert backend.closed is released
+        if released:
+            assert backend.closed_after_return, "the backend closed while a handler still ran"
+            assert not (tmp_path / "s.sock").exists()
+    finally:
+        backend.release.set()
+        caller.join(timeout=10)
+
+
+HUNG_DRIVER = """
+import sys
+from csi import server
+from csi.config import parse_args
+from tests.integration.test_server import _Hung
+server.GRACE_SECONDS, server.SETTLE_SECONDS = 0.2, 0.5
+server.build_backend = lambda config: _Hung()
+sys.exit(server.run(parse_args(["--endpoint", "unix://%s", "--node-id", "n"])[0]))
+"""
+
+
+def test_a_handler_stuck_past_the_grace_ends_the_process(tmp_path: Path) -> None:
+    """Exit 1 at once rather than a normal exit, which would wait for the stuck handler's thread."""
+    sock = tmp_path / "s.sock"
+    proc = subprocess.Popen([sys.executable, "-c", HUNG_DRIVER % sock], stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 20
+        while not sock.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        caller = _probe_in_background(sock)
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=10)
+    finally:
+        proc.kill()
+    caller.join(timeout=10)
+    assert proc.returncode == 1, err
+    assert "calls still running" in err and "the process's end releases the data dir" in err
+    assert "stopped" not in err.splitlines()[-1]

@@ -162,8 +162,9 @@ seconds, "10s") plus one, so the sidecar answers with the driver's error before 
 {{- end -}}
 
 {{/* terminationGracePeriodSeconds of the driver's pods: on SIGTERM the driver drains in-flight calls for
-up to GRACE_SECONDS (30, csi/server.py) and then releases its socket and backend; 15 s on top so a full
-drain ends before kubelet's SIGKILL (tests/chart/test_shutdown.py keeps the two in step). */}}
+up to GRACE_SECONDS (30, csi/server.py), waits up to SETTLE_SECONDS (10) for the handlers of the calls it
+then cancels, and releases its socket and backend; 5 s on top so a full drain ends before kubelet's
+SIGKILL (tests/chart/test_shutdown.py keeps them in step). */}}
 {{- define "ballast.terminationGracePeriodSeconds" -}}
 45
 {{- end -}}
