@@ -174,11 +174,13 @@ def new_request_id() -> str:
 
 
 class LoggingInterceptor(MethodInterceptor):
-    """Logs one line per RPC: method, identifying fields, duration and resulting code; for a streaming
-    call also the number of messages sent, once the stream has ended (or failed, or was cancelled).
+    """Logs one line per RPC: method, identifying fields, duration and resulting code, and for a failed
+    call the status message the client got (`error`, cut at FIELD_LIMIT); for a streaming call also the
+    number of messages sent, once the stream has ended (or failed, or was cancelled).
 
-    Never logs request bodies beyond `summary()`, so secrets cannot reach the log. `observe`, if given,
-    is called with (method, code name, seconds) for metrics.
+    Never logs request bodies beyond `summary()`, so secrets cannot reach the log; status messages hold
+    none either (csi/failures.py: they go to the CO as they are). `observe`, if given, is called with
+    (method, code name, seconds) for metrics.
     """
 
     def __init__(self, observe: Any = None) -> None:
@@ -186,7 +188,10 @@ class LoggingInterceptor(MethodInterceptor):
         self._log = logging.getLogger("ballast.rpc")
         self._observe = observe
 
-    def _done(self, method: str, request: Any, code: str, start: float, rid: str, **extra: Any) -> None:
+    def _done(
+        self, method: str, request: Any, outcome: tuple[str, str], start: float, rid: str, **extra: Any
+    ) -> None:
+        code, error = outcome
         elapsed = time.perf_counter() - start
         level = (
             (logging.DEBUG if method in QUIET_METHODS else logging.INFO) if code == "OK" else logging.WARNING
@@ -197,6 +202,7 @@ class LoggingInterceptor(MethodInterceptor):
                 **summary(request),
                 **extra,
                 "code": code,
+                **({"error": _cut(error)} if error else {}),
                 "ms": round(elapsed * 1000, 3),
             }
             self._log.log(level, "%s %s", method, code, extra={"fields": fields, "request_id": rid})
@@ -211,14 +217,14 @@ class LoggingInterceptor(MethodInterceptor):
             rid = new_request_id()
             _request_id.value = rid
             start = time.perf_counter()
-            code = "OK"
+            outcome = ("OK", "")
             try:
                 return inner(request, context)
             except BaseException:
-                code = _raised(context)
+                outcome = _raised(context)
                 raise
             finally:
-                self._done(method, request, code, start, rid)
+                self._done(method, request, outcome, start, rid)
 
         return logged
 
@@ -229,24 +235,26 @@ class LoggingInterceptor(MethodInterceptor):
             rid = new_request_id()
             _request_id.value = rid
             start = time.perf_counter()
-            code, sent = "OK", 0
+            outcome, sent = ("OK", ""), 0
             try:
                 for response in inner(request, context):
                     sent += 1
                     yield response
                     _request_id.value = rid
             except GeneratorExit:  # the client cancelled, or its deadline passed
-                code = "DEADLINE_EXCEEDED" if deadline_passed(context) else "CANCELLED"
+                outcome = ("DEADLINE_EXCEEDED" if deadline_passed(context) else "CANCELLED", "")
                 raise
             except BaseException:
-                code = _raised(context)
+                outcome = _raised(context)
                 raise
             finally:
-                self._done(method, request, code, start, rid, messages=sent)
+                self._done(method, request, outcome, start, rid, messages=sent)
 
         return logged
 
 
-def _raised(context: Any) -> str:
-    raised = context.code()
-    return raised.name if raised is not None else "UNKNOWN"
+def _raised(context: Any) -> tuple[str, str]:
+    """(code name, status message) a failed call ends with."""
+    raised, details = context.code(), context.details()
+    message = details.decode(errors="replace") if isinstance(details, bytes) else details or ""
+    return (raised.name if raised is not None else "UNKNOWN"), message

@@ -4,15 +4,19 @@ grow it without bound."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
 from collections.abc import Iterator
+from concurrent import futures
+from pathlib import Path
 
+import grpc
 import pytest
 
-from csi import logs
-from csi._proto import csi_pb2
+from csi import errors, failures, logs
+from csi._proto import csi_pb2, csi_pb2_grpc
 
 pytestmark = pytest.mark.usefixtures("restore_root_logging")
 
@@ -77,3 +81,75 @@ def test_a_huge_field_is_cut(stream: io.StringIO, log_format: str) -> None:
     out = _rpc_line(log_format, stream, csi_pb2.CreateVolumeRequest(name="n" * 100_000))
     assert len(out) < 2 * logs.FIELD_LIMIT + 200
     assert f"({100_000 - logs.FIELD_LIMIT} more characters)" in out
+
+
+class _Failing(csi_pb2_grpc.IdentityServicer):
+    """Probe raises `exc` (None: answers ready)."""
+
+    exc: Exception | None = None
+
+    def Probe(self, request: csi_pb2.ProbeRequest, context: grpc.ServicerContext) -> csi_pb2.ProbeResponse:
+        if self.exc is not None:
+            raise self.exc
+        return csi_pb2.ProbeResponse()
+
+
+def _probe_line(tmp_path: Path, stream: io.StringIO, log_format: str, exc: Exception | None) -> str:
+    """The log line of one Probe through the driver's interceptors, Probe raising `exc`."""
+    logs.setup(log_format, "debug", stream)
+    servicer = _Failing()
+    servicer.exc = exc
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=1),
+        interceptors=[logs.LoggingInterceptor(), errors.ErrorInterceptor()],
+    )
+    csi_pb2_grpc.add_IdentityServicer_to_server(servicer, server)
+    server.add_insecure_port(f"unix://{tmp_path}/p.sock")
+    server.start()
+    try:
+        with (
+            grpc.insecure_channel(f"unix://{tmp_path}/p.sock") as channel,
+            contextlib.suppress(grpc.RpcError),
+        ):
+            csi_pb2_grpc.IdentityStub(channel).Probe(csi_pb2.ProbeRequest(), timeout=10)
+    finally:
+        server.stop(None).wait()
+    return next(line for line in stream.getvalue().splitlines() if "ballast.rpc" in line)
+
+
+LONG = "volume lv-1 cannot grow: " + "x" * 5000
+
+
+@pytest.mark.parametrize(
+    ("exc", "error"),
+    [
+        pytest.param(None, None, id="ok-has-no-error"),
+        pytest.param(
+            failures.NotFoundError("volume lv-1 does not exist"), "volume lv-1 does not exist", id="not-found"
+        ),
+        pytest.param(
+            failures.OutOfRangeError(LONG),
+            f"{LONG[: logs.FIELD_LIMIT]}...(",
+            id="long-message-cut-at-the-field-limit",
+        ),
+        pytest.param(
+            KeyError("internal detail"), "internal error (reference ", id="unexpected-has-only-the-reference"
+        ),
+    ],
+)
+def test_a_failed_call_logs_the_message_the_client_got(
+    tmp_path: Path, stream: io.StringIO, exc: Exception | None, error: str | None
+) -> None:
+    line = json.loads(_probe_line(tmp_path, stream, "json", exc))
+    if error is None:
+        assert line["code"] == "OK" and "error" not in line
+    else:
+        assert line["code"] != "OK" and line["error"].startswith(error)
+        assert len(line["error"]) < logs.FIELD_LIMIT + 40, "cut like every logged field"
+        assert "internal detail" not in line["error"]
+
+
+def test_a_failed_calls_message_stays_on_its_line(tmp_path: Path, stream: io.StringIO) -> None:
+    line = _probe_line(tmp_path, stream, "text", failures.InvalidParameterError(f"bad name {FORGED}"))
+    assert stream.getvalue().count("\n") == 1
+    assert 'error="bad name pvc-1\\n2026-12-02' in line

@@ -134,7 +134,10 @@ def test_a_stream_is_logged_once_with_its_code_and_messages_and_no_secret(
     servicer.exc = failures.NotFoundError("snapshot s-2 not found")
     _drain(stub)
     lines = _rpc_lines(stream)
-    assert [(line["code"], line["messages"]) for line in lines] == [("OK", 3), ("NOT_FOUND", 3)]
+    assert [(line["code"], line["messages"], line.get("error")) for line in lines] == [
+        ("OK", 3, None),
+        ("NOT_FOUND", 3, "snapshot s-2 not found"),
+    ]
     assert all(line["base_snapshot_id"] == "s-1" and line["target_snapshot_id"] == "s-2" for line in lines)
     assert SECRET not in stream.getvalue()
 
