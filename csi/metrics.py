@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -30,6 +31,7 @@ from prometheus_client.registry import Collector
 
 from csi.backends.base import Backend
 from csi.config import Config
+from csi.failures import FailedPreconditionError
 from csi.flagtypes import parse_address
 from csi.inflight import InFlight
 
@@ -165,34 +167,19 @@ class Metrics:
             return False
 
     def start(self) -> None:
+        """Bind --metrics-address (IPv4 or IPv6) and serve /metrics and /healthz on a thread. A bind that
+        fails raises FailedPreconditionError naming the flag."""
         host, port = parse_address(self._address)
-        metrics = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                if self.path == "/metrics":
-                    body, status, ctype = generate_latest(metrics.registry), 200, CONTENT_TYPE_LATEST
-                elif self.path == "/healthz":
-                    ok = metrics.healthy()
-                    body, status, ctype = (
-                        (b"ok\n" if ok else b"not ready\n"),
-                        (200 if ok else 503),
-                        "text/plain",
-                    )
-                else:
-                    body, status, ctype = b"not found\n", 404, "text/plain"
-                self.send_response(status)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                return
-
-        self._server = ThreadingHTTPServer((host, port), Handler)
+        server_class = _IPv6Server if ":" in host else ThreadingHTTPServer
+        try:
+            self._server = server_class((host, port), _handler(self))
+        except OSError as exc:  # in use, not an address of this host, a name that does not resolve
+            raise FailedPreconditionError(
+                f"--metrics-address {self._address}: {exc.strerror or exc}"
+            ) from exc
         threading.Thread(target=self._server.serve_forever, name="metrics", daemon=True).start()
-        log.info("metrics on http://%s:%d/metrics", host, self._server.server_address[1])
+        shown = f"[{host}]" if ":" in host else host
+        log.info("metrics on http://%s:%d/metrics", shown, self.port)
 
     @property
     def port(self) -> int:
@@ -204,3 +191,31 @@ class Metrics:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+
+
+class _IPv6Server(ThreadingHTTPServer):
+    address_family = socket.AF_INET6
+
+
+def _handler(metrics: Metrics) -> type[BaseHTTPRequestHandler]:
+    """The request handler of `metrics`' HTTP server: /metrics, /healthz, 404 for anything else."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path == "/metrics":
+                body, status, ctype = generate_latest(metrics.registry), 200, CONTENT_TYPE_LATEST
+            elif self.path == "/healthz":
+                ok = metrics.healthy()
+                body, status, ctype = (b"ok\n" if ok else b"not ready\n"), (200 if ok else 503), "text/plain"
+            else:
+                body, status, ctype = b"not found\n", 404, "text/plain"
+            self.send_response(status)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            return
+
+    return Handler

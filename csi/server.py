@@ -162,7 +162,28 @@ class Driver:
             csi_pb2_grpc.add_NodeServicer_to_server(node, self.server)
 
     def start(self) -> None:
-        """Bind the endpoint (socket mode 0660 regardless of umask) and start serving."""
+        """Bind --metrics-address, then the endpoint (socket mode 0660 regardless of umask), and start
+        serving. A failure to bind either raises with nothing left bound (the socket file removed)."""
+        if self.metrics is not None:
+            self.metrics.start()  # first: a metrics address in use must not leave a served socket behind
+        try:
+            self._serve()
+        except BaseException:
+            if self.metrics is not None:
+                self.metrics.stop()
+            if self._socket:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self._socket)
+            raise
+        log.info(
+            "serving %s on %s (mode=%s, backend=%s)",
+            self.config.backend.driver_name,
+            self.config.server.endpoint,
+            self.config.server.mode,
+            self.config.backend.name,
+        )
+
+    def _serve(self) -> None:
         if self._socket:
             old = os.umask(0o117)
             try:
@@ -174,15 +195,6 @@ class Driver:
         else:
             self.server.add_insecure_port(self.config.server.endpoint[len("tcp://") :])
             self.server.start()
-        if self.metrics is not None:
-            self.metrics.start()
-        log.info(
-            "serving %s on %s (mode=%s, backend=%s)",
-            self.config.backend.driver_name,
-            self.config.server.endpoint,
-            self.config.server.mode,
-            self.config.backend.name,
-        )
 
     def stop(self, grace: float = GRACE_SECONDS, settle: float = SETTLE_SECONDS) -> bool:
         """Stop accepting calls, let in-flight calls finish for up to `grace` seconds (gRPC then cancels

@@ -129,6 +129,20 @@ def test_refuses_to_replace_a_regular_file(tmp_path: Path) -> None:
     assert (tmp_path / "t.sock").read_text() == "precious"
 
 
+def test_a_metrics_address_in_use_stops_the_start_in_one_line_naming_the_flag(tmp_path: Path) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        done = _run(tmp_path / "t.sock", tmp_path / "d", env={"BALLAST_METRICS_ADDRESS": f"127.0.0.1:{port}"})
+    assert done.returncode == 1
+    assert done.stderr.splitlines()[-1] == (
+        f"ballast-csi: --metrics-address 127.0.0.1:{port}: Address already in use"
+    ), done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "t.sock").exists(), "no gRPC socket is left behind"
+
+
 @pytest.mark.parametrize("spec", ["@2", "local.create.recorded@0", "a,b@x"])
 def test_a_malformed_failpoint_setting_stops_the_start(tmp_path: Path, spec: str) -> None:
     """BALLAST_FAILPOINTS is parsed at start-up, so a typo stops the driver before it serves (instead of

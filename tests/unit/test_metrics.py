@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -13,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from csi._proto import csi_pb2
 from csi.config import parse_args
+from csi.failures import FailedPreconditionError
 from csi.server import Driver
 from tests.csiclient import CsiClient, assert_code, connect
 from tests.fakes import FAKE_NODE, FakeBackend
@@ -108,3 +110,72 @@ def test_healthz_follows_probe(running: tuple[Driver, FakeBackend, CsiClient]) -
     backend.ready = False
     assert _get(driver, "/healthz")[0] == 503
     assert _get(driver, "/nope")[0] == 404
+
+
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+def _driver(tmp_path: Path, address: str) -> Driver:
+    config, _ = parse_args(
+        ["--endpoint", f"unix://{tmp_path}/csi.sock", "--node-id", FAKE_NODE, "--metrics-address", address]
+    )
+    return Driver(config, backend=FakeBackend())
+
+
+@pytest.mark.parametrize(
+    ("address", "host"),
+    [
+        pytest.param("127.0.0.1:0", "127.0.0.1", id="ipv4"),
+        pytest.param("[::1]:0", "[::1]", id="ipv6-loopback"),
+        pytest.param("[::]:0", "[::1]", id="ipv6-any"),
+    ],
+)
+def test_metrics_serve_on_ipv4_and_ipv6_addresses(tmp_path: Path, address: str, host: str) -> None:
+    if "::" in address and not _ipv6_loopback():
+        pytest.skip("no IPv6 loopback here")
+    driver = _driver(tmp_path, address)
+    driver.start()
+    try:
+        assert driver.metrics is not None
+        with urllib.request.urlopen(f"http://{host}:{driver.metrics.port}/healthz", timeout=5) as resp:
+            assert resp.status == 200
+    finally:
+        driver.stop(grace=1)
+
+
+@pytest.fixture
+def taken_port() -> Iterator[int]:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        yield int(holder.getsockname()[1])
+
+
+def test_a_metrics_address_in_use_fails_start_naming_the_flag_and_binds_nothing(
+    tmp_path: Path, taken_port: int
+) -> None:
+    driver = _driver(tmp_path, f"127.0.0.1:{taken_port}")
+    with pytest.raises(FailedPreconditionError) as raised:
+        driver.start()
+    assert str(raised.value) == f"--metrics-address 127.0.0.1:{taken_port}: Address already in use"
+    assert not (tmp_path / "csi.sock").exists(), "no gRPC socket is left behind"
+    driver.stop(grace=0)
+
+
+def test_a_failed_grpc_bind_stops_the_metrics_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    driver = _driver(tmp_path, "127.0.0.1:0")
+
+    def refuse(address: str) -> int:
+        raise RuntimeError(f"Failed to bind to address {address}")
+
+    monkeypatch.setattr(driver.server, "add_insecure_port", refuse)
+    with pytest.raises(RuntimeError):
+        driver.start()
+    assert driver.metrics is not None and driver.metrics._server is None, "the metrics server is stopped"
+    driver.stop(grace=0)
