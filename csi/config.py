@@ -284,7 +284,7 @@ def _node_flags(nd: argparse._ArgumentGroup) -> None:
     )
     nd.add_argument(
         "--max-volumes-per-node",
-        type=flagtypes.non_negative,
+        type=flagtypes.attach_limit,
         default=EnvDefault("BALLAST_MAX_VOLUMES_PER_NODE", "0"),
         help="attach limit per node; 0 = backend default [BALLAST_MAX_VOLUMES_PER_NODE]",
     )

@@ -57,9 +57,14 @@ def node_id(text: str) -> str:
     return text
 
 
-def non_negative(text: str) -> int:
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"must be a whole number >= 0, got {text!r}")
+# Kubernetes keeps a node's attach limit in CSINode's int32 `allocatable.count`.
+MAX_ATTACH_LIMIT = 2**31 - 1
+
+
+def attach_limit(text: str) -> int:
+    """A per-node volume limit: 0 to MAX_ATTACH_LIMIT (NodeGetInfo's int64 would take more, CSINode not)."""
+    if not text.isdigit() or int(text) > MAX_ATTACH_LIMIT:
+        raise argparse.ArgumentTypeError(f"must be a whole number from 0 to {MAX_ATTACH_LIMIT}, got {text!r}")
     return int(text)
 
 

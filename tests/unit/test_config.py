@@ -124,6 +124,13 @@ def test_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
             id="tcp-loopback-v6",
         ),
         pytest.param({}, ["--zone", "us-east-1a"], "backend.zone", "us-east-1a", id="zone"),
+        pytest.param(
+            {},
+            ["--max-volumes-per-node", "2147483647"],
+            "node.max_volumes_per_node",
+            2147483647,
+            id="max-volumes-csinode-int32-max",
+        ),
         pytest.param({"BALLAST_REGION": "eu_west.1"}, [], "backend.region", "eu_west.1", id="region-env"),
     ],
 )
@@ -158,6 +165,12 @@ def test_values(
         pytest.param(["--kubelet-dir", "var/lib/kubelet"], "--kubelet-dir", id="relative-kubelet-dir"),
         pytest.param(["--allowed-path-prefix", "/srv/../etc"], "--allowed-path-prefix", id="dotdot-prefix"),
         pytest.param(["--max-volumes-per-node", "-1"], "--max-volumes-per-node", id="negative-max"),
+        pytest.param(
+            ["--max-volumes-per-node", "2147483648"], "--max-volumes-per-node", id="max-over-csinode-int32"
+        ),
+        pytest.param(
+            ["--max-volumes-per-node", "99999999999999999999"], "--max-volumes-per-node", id="max-over-int64"
+        ),
         pytest.param(["--no-such-flag"], "--no-such-flag", id="unknown-flag"),
         pytest.param(["--metrics-address", "localhost"], "--metrics-address", id="metrics-address-no-port"),
         pytest.param(["--metrics-address", ":99999"], "--metrics-address", id="metrics-port-out-of-range"),
@@ -210,6 +223,12 @@ def test_bad_flags_exit_2_naming_the_flag(
             id="block-size-odd",
         ),
         pytest.param("BALLAST_MAX_VOLUMES_PER_NODE", "-1", "--max-volumes-per-node", id="negative-max"),
+        pytest.param(
+            "BALLAST_MAX_VOLUMES_PER_NODE",
+            "99999999999999999999",
+            "--max-volumes-per-node",
+            id="max-over-int64",
+        ),
         pytest.param("BALLAST_KUBELET_DIR", "var/lib/kubelet", "--kubelet-dir", id="relative-kubelet-dir"),
         pytest.param(
             "BALLAST_ALLOWED_PATH_PREFIXES", "/srv/a:srv/b", "--allowed-path-prefix", id="one-relative-prefix"
