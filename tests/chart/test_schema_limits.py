@@ -173,3 +173,18 @@ def test_an_empty_zone_or_region_leaves_the_driver_default(field: str, driver_de
     args = resolved_args(containers(only(objects, "DaemonSet"))["ballast-plugin"])
     assert not [a for a in args if a.startswith(f"--{field}=")]
     assert getattr(driver_config(objects, "DaemonSet").backend, field) == driver_default
+
+
+@pytest.mark.parametrize(
+    ("limit", "accepted"),
+    [
+        pytest.param(2147483647, True, id="csinode-int32-max"),
+        pytest.param(2147483648, False, id="over-int32"),
+    ],
+)
+def test_max_volumes_per_node_schema_matches_the_driver(limit: int, accepted: bool) -> None:
+    objects = check({"node": {"maxVolumesPerNode": limit}}, "maxVolumesPerNode", accepted)
+    if accepted:
+        assert driver_config(objects, "DaemonSet").node.max_volumes_per_node == limit
+    else:
+        assert driver_refuses(f"--max-volumes-per-node={limit}")
