@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -31,7 +32,7 @@ from prometheus_client.registry import Collector
 
 from csi.backends.base import Backend
 from csi.config import Config
-from csi.failures import FailedPreconditionError
+from csi.failures import DriverError, FailedPreconditionError
 from csi.flagtypes import parse_address
 from csi.inflight import InFlight
 
@@ -160,17 +161,22 @@ class Metrics:
         return timed
 
     def healthy(self) -> bool:
+        """The backend probe's answer; any failure means unhealthy. The reason is logged, not served: a
+        DriverError (the backend's own verdict: a data dir not writable, an API unreachable) as one line,
+        anything else with its stack."""
         try:
             return bool(self._backend.probe())
-        except Exception:  # any probe failure means unhealthy; the reason is logged, not served
-            log.warning("health probe failed", exc_info=True)
-            return False
+        except DriverError as exc:
+            log.warning("health probe failed: %s", exc)
+        except Exception:
+            log.warning("health probe failed unexpectedly", exc_info=True)
+        return False
 
     def start(self) -> None:
         """Bind --metrics-address (IPv4 or IPv6) and serve /metrics and /healthz on a thread. A bind that
         fails raises FailedPreconditionError naming the flag."""
         host, port = parse_address(self._address)
-        server_class = _IPv6Server if ":" in host else ThreadingHTTPServer
+        server_class = _IPv6Server if ":" in host else _Server
         try:
             self._server = server_class((host, port), _handler(self))
         except OSError as exc:  # in use, not an address of this host, a name that does not resolve
@@ -193,7 +199,18 @@ class Metrics:
             self._server = None
 
 
-class _IPv6Server(ThreadingHTTPServer):
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A scraper that left before its answer (a timed-out probe) is routine: a debug line, not the
+        stack socketserver prints on stderr."""
+        exc = sys.exc_info()[1]
+        if isinstance(exc, ConnectionError):
+            log.debug("metrics client %s left: %s", client_address, exc)
+        else:
+            log.warning("metrics request from %s failed", client_address, exc_info=True)
+
+
+class _IPv6Server(_Server):
     address_family = socket.AF_INET6
 
 

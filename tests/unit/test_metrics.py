@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import socket
 import urllib.error
 import urllib.request
@@ -15,6 +16,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from csi._proto import csi_pb2
 from csi.config import parse_args
 from csi.failures import FailedPreconditionError
+from csi.inflight import InFlight
+from csi.metrics import Metrics
 from csi.server import Driver
 from tests.csiclient import CsiClient, assert_code, connect
 from tests.fakes import FAKE_NODE, FakeBackend
@@ -179,3 +182,65 @@ def test_a_failed_grpc_bind_stops_the_metrics_server(tmp_path: Path, monkeypatch
         driver.start()
     assert driver.metrics is not None and driver.metrics._server is None, "the metrics server is stopped"
     driver.stop(grace=0)
+
+
+class _ProbeFails(FakeBackend):
+    def __init__(self, exc: Exception) -> None:
+        super().__init__()
+        self.exc = exc
+
+    def probe(self) -> bool:
+        raise self.exc
+
+
+@pytest.mark.parametrize(
+    ("exc", "line", "stack"),
+    [
+        pytest.param(
+            FailedPreconditionError("data dir /d/volumes is not writable"),
+            "health probe failed: data dir /d/volumes is not writable",
+            False,
+            id="driver-error-one-line",
+        ),
+        pytest.param(KeyError("bug"), "health probe failed unexpectedly", True, id="bug-with-its-stack"),
+    ],
+)
+def test_a_failing_healthz_logs_the_reason(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, exc: Exception, line: str, stack: bool
+) -> None:
+    config, _ = parse_args(["--endpoint", f"unix://{tmp_path}/csi.sock", "--metrics-address", "127.0.0.1:0"])
+    metrics = Metrics(config, _ProbeFails(exc), InFlight())
+    with caplog.at_level(logging.WARNING, logger="ballast.metrics"):
+        assert metrics.healthy() is False
+    assert [r.getMessage() for r in caplog.records] == [line]
+    assert (caplog.records[0].exc_info is not None) == stack
+
+
+@pytest.mark.parametrize(
+    ("exc", "level"),
+    [
+        pytest.param(BrokenPipeError(32, "Broken pipe"), logging.DEBUG, id="client-left-debug"),
+        pytest.param(ValueError("bug"), logging.WARNING, id="bug-warning-with-stack"),
+    ],
+)
+def test_a_failed_metrics_request_is_logged_not_printed(
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    capsys: pytest.CaptureFixture[str],
+    exc: Exception,
+    level: int,
+) -> None:
+    driver = _driver(tmp_path, "127.0.0.1:0")
+    driver.start()
+    try:
+        assert driver.metrics is not None and driver.metrics._server is not None
+        with caplog.at_level(logging.DEBUG, logger="ballast.metrics"):
+            try:
+                raise exc
+            except Exception:
+                with socket.socket() as request:
+                    driver.metrics._server.handle_error(request, ("127.0.0.1", 1))
+    finally:
+        driver.stop(grace=0)
+    assert [r.levelno for r in caplog.records if r.name == "ballast.metrics"][-1] == level
+    assert "Traceback" not in capsys.readouterr().err
