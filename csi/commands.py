@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 
+from csi import flagtypes
+
 
 def add_subcommands(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
@@ -57,18 +59,22 @@ def _snapshot_diff(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     diff.add_argument(
         "--endpoint",
         dest="diff_endpoint",
+        type=flagtypes.endpoint_or_default,
         default="",
         help="the driver's controller endpoint, unix:///path.sock (default: the main --endpoint)",
     )
     diff.add_argument("--output", choices=("table", "json"), default="table", help="table (default) or json")
     diff.add_argument(
         "--starting-offset",
-        type=int,
+        type=flagtypes.whole_number(flagtypes.INT64_MAX),
         default=0,
         help="resume from this byte offset (the end of the last range received); default 0",
     )
     diff.add_argument(
-        "--max-results", type=int, default=0, help="ranges per streamed message; 0 lets the driver choose"
+        "--max-results",
+        type=flagtypes.whole_number(flagtypes.INT32_MAX),
+        default=0,
+        help="ranges per streamed message; 0 lets the driver choose",
     )
     diff.add_argument(
         "--secrets-file",
@@ -77,5 +83,8 @@ def _snapshot_diff(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         "process list)",
     )
     diff.add_argument(
-        "--timeout", type=float, default=600.0, help="seconds the whole stream may take (default 600)"
+        "--timeout",
+        type=flagtypes.seconds,
+        default=600.0,
+        help="seconds the whole stream may take (default 600)",
     )

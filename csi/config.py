@@ -210,11 +210,13 @@ def _backend_flags(be: argparse._ArgumentGroup) -> None:
 def _aws_flags(be: argparse._ArgumentGroup) -> None:
     be.add_argument(
         "--aws-region",
+        type=flagtypes.aws_region,
         default=EnvDefault("AWS_REGION", ""),
         help="aws backend: region; empty = from instance metadata [AWS_REGION]",
     )
     be.add_argument(
         "--aws-endpoint-url",
+        type=flagtypes.url,
         default=EnvDefault("AWS_ENDPOINT_URL_EC2", ""),
         help="aws backend: EC2 endpoint override (tests, private endpoints) [AWS_ENDPOINT_URL_EC2]",
     )

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import urllib.parse
+from collections.abc import Callable
 
 from csi.failures import InvalidParameterError
 from csi.validation import check_string
@@ -57,15 +59,20 @@ def node_id(text: str) -> str:
     return text
 
 
-# Kubernetes keeps a node's attach limit in CSINode's int32 `allocatable.count`.
-MAX_ATTACH_LIMIT = 2**31 - 1
+def whole_number(highest: int) -> Callable[[str], int]:
+    """The flag type of a whole number from 0 to `highest` (the range of the field it is sent in)."""
+
+    def parse(text: str) -> int:
+        if not text.isdigit() or int(text) > highest:
+            raise argparse.ArgumentTypeError(f"must be a whole number from 0 to {highest}, got {text!r}")
+        return int(text)
+
+    return parse
 
 
-def attach_limit(text: str) -> int:
-    """A per-node volume limit: 0 to MAX_ATTACH_LIMIT (NodeGetInfo's int64 would take more, CSINode not)."""
-    if not text.isdigit() or int(text) > MAX_ATTACH_LIMIT:
-        raise argparse.ArgumentTypeError(f"must be a whole number from 0 to {MAX_ATTACH_LIMIT}, got {text!r}")
-    return int(text)
+INT32_MAX, INT64_MAX = 2**31 - 1, 2**63 - 1
+# Kubernetes keeps a node's attach limit in CSINode's int32 `allocatable.count` (NodeGetInfo's is int64).
+attach_limit = whole_number(INT32_MAX)
 
 
 def endpoint(text: str) -> str:
@@ -85,6 +92,11 @@ def endpoint(text: str) -> str:
     raise argparse.ArgumentTypeError(f"expected unix:///absolute/path/to/csi.sock, got {text!r}")
 
 
+def endpoint_or_default(text: str) -> str:
+    """An endpoint as `endpoint` checks it, or "" for a subcommand's "the main --endpoint"."""
+    return endpoint(text) if text else text
+
+
 def parse_address(address: str) -> tuple[str, int]:
     """'host:port', '[v6]:port' or ':port' (all interfaces) -> (host, port); anything else -> ValueError."""
     host, colon, port = address.rpartition(":")
@@ -100,6 +112,39 @@ def listen_address(text: str) -> str:
         except ValueError as exc:
             raise argparse.ArgumentTypeError(str(exc)) from exc
     return text
+
+
+# botocore's own check of a region name (a DNS label), made when the flag is read rather than at start-up.
+AWS_REGION = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
+
+
+def aws_region(text: str) -> str:
+    if text and not AWS_REGION.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not an AWS region name (e.g. us-east-1)")
+    return text
+
+
+def url(text: str) -> str:
+    """An http:// or https:// URL with a host ("" allowed: not set)."""
+    try:
+        parts = urllib.parse.urlsplit(text)
+        parts.port  # noqa: B018 -- raises ValueError for a port that is not a number in range
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a URL: {exc}") from None
+    if text and (parts.scheme not in ("http", "https") or not parts.hostname):
+        raise argparse.ArgumentTypeError(f"expected an http:// or https:// URL with a host, got {text!r}")
+    return text
+
+
+def seconds(text: str) -> float:
+    """A finite number of seconds above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, got {text!r}")
+    return value
 
 
 def batch_window(text: str) -> float:

@@ -124,6 +124,14 @@ def test_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
             id="tcp-loopback-v6",
         ),
         pytest.param({}, ["--zone", "us-east-1a"], "backend.zone", "us-east-1a", id="zone"),
+        pytest.param({"AWS_REGION": "eu-west-1"}, [], "backend.aws_region", "eu-west-1", id="aws-region-env"),
+        pytest.param(
+            {},
+            ["--aws-endpoint-url", "http://[::1]:5000"],
+            "backend.aws_endpoint_url",
+            "http://[::1]:5000",
+            id="aws-endpoint-v6",
+        ),
         pytest.param(
             {},
             ["--max-volumes-per-node", "2147483647"],
@@ -172,6 +180,14 @@ def test_values(
             ["--max-volumes-per-node", "99999999999999999999"], "--max-volumes-per-node", id="max-over-int64"
         ),
         pytest.param(["--no-such-flag"], "--no-such-flag", id="unknown-flag"),
+        pytest.param(["--aws-region", "us east 1"], "--aws-region", id="aws-region-space"),
+        pytest.param(["--aws-region=-us-east-1"], "--aws-region", id="aws-region-leading-dash"),
+        pytest.param(["--aws-endpoint-url", "ec2.local"], "--aws-endpoint-url", id="aws-endpoint-no-scheme"),
+        pytest.param(["--aws-endpoint-url", "ftp://ec2.local"], "--aws-endpoint-url", id="aws-endpoint-ftp"),
+        pytest.param(["--aws-endpoint-url", "http://[::1"], "--aws-endpoint-url", id="aws-endpoint-bad-v6"),
+        pytest.param(
+            ["--aws-endpoint-url", "http://h:99999"], "--aws-endpoint-url", id="aws-endpoint-bad-port"
+        ),
         pytest.param(["--metrics-address", "localhost"], "--metrics-address", id="metrics-address-no-port"),
         pytest.param(["--metrics-address", ":99999"], "--metrics-address", id="metrics-port-out-of-range"),
         pytest.param(["--driver-name", "Bad_Name"], "--driver-name", id="driver-name-underscore"),
@@ -237,6 +253,10 @@ def test_bad_flags_exit_2_naming_the_flag(
         pytest.param("BALLAST_METRICS_ADDRESS", "9808", "--metrics-address", id="metrics-address-no-colon"),
         pytest.param("BALLAST_DRIVER_NAME", "my driver", "--driver-name", id="driver-name-space"),
         pytest.param("CSI_NODE_ID", "x" * 200, "--node-id", id="node-id-too-long"),
+        pytest.param("AWS_REGION", "us/east", "--aws-region", id="aws-region-slash"),
+        pytest.param(
+            "AWS_ENDPOINT_URL_EC2", "localhost:5000", "--aws-endpoint-url", id="aws-endpoint-no-scheme"
+        ),
     ],
 )
 def test_bad_env_value_exits_2_naming_flag_and_variable(

@@ -219,10 +219,18 @@ def _filesystem(device: str, mounts: Iterable[MountInfo]) -> Iterator[Issue]:
 
 def run_clear_health(data_dir: str, volume_ids: Sequence[str]) -> int:
     """`ballast-csi clear-health`: drop the health marks of volumes whose data an operator checked.
-    Safe while the driver runs (the state database is shared). Exit 1 when a volume is unknown."""
+    Safe while the driver runs (the state database is shared). Exit 1 when a volume is unknown, or with
+    one line when the state database cannot be used (unreadable or corrupt: recover-state's advice)."""
+    import sqlite3  # here: the rest of this module never touches the database itself
+
     layout = Layout(data_dir)
+    unusable = f"state database {layout.state_db} is unusable"
+    advice = (
+        f"rebuild it from the files with `ballast-csi recover-state --data-dir {data_dir}` (docs/recovery.md)"
+    )
     try:
         os.stat(layout.state_db)
+        store = Store(layout.state_db)
     except OSError as exc:  # absent, or there but unreadable (EIO): not the same advice
         missing = isinstance(exc, FileNotFoundError)
         print(
@@ -232,7 +240,9 @@ def run_clear_health(data_dir: str, volume_ids: Sequence[str]) -> int:
             file=sys.stderr,
         )
         return 1
-    store = Store(layout.state_db)
+    except sqlite3.Error as exc:
+        print(f"ballast-csi: {unusable} ({exc}); {advice}", file=sys.stderr)
+        return 1
     status = 0
     try:
         ledger = Ledger(store)
@@ -250,6 +260,9 @@ def run_clear_health(data_dir: str, volume_ids: Sequence[str]) -> int:
                 if cleared
                 else f"{volume_id}: no health mark"
             )
+    except sqlite3.Error as exc:
+        print(f"ballast-csi: {unusable} ({exc}); {advice}", file=sys.stderr)
+        status = 1
     finally:
         store.close()
     return status
