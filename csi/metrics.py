@@ -32,7 +32,7 @@ from prometheus_client.registry import Collector
 
 from csi.backends.base import Backend
 from csi.config import Config
-from csi.failures import DriverError, FailedPreconditionError
+from csi.failures import DriverError, FailedPreconditionError, NotFoundError
 from csi.flagtypes import parse_address
 from csi.inflight import InFlight
 
@@ -64,6 +64,10 @@ BACKEND_OPERATIONS = (
     "snapshot_allocated",  # until the first range: the stream itself is timed per RPC
     "snapshot_delta",
 )
+# Raised as answers, not failures: "no such object". An idempotent delete, detach or unstage takes it as
+# done and a lookup as "none", so counting it would make successful calls look like backend errors; a
+# NOT_FOUND the CO got still shows in ballast_rpc_total.
+ANSWERS = (NotFoundError,)
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
@@ -116,7 +120,7 @@ class Metrics:
         )
         self.backend_errors = Counter(
             "ballast_backend_operation_errors_total",
-            "Backend operations that raised, by error class",
+            "Backend operations that failed, by error class (NotFoundError, an answer, is not counted)",
             ["operation", "error"],
             registry=self.registry,
         )
@@ -152,6 +156,8 @@ class Metrics:
             start = time.perf_counter()
             try:
                 return fn(*args, **kwargs)
+            except ANSWERS:
+                raise
             except Exception as exc:
                 self.backend_errors.labels(name, type(exc).__name__).inc()
                 raise

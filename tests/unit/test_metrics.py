@@ -8,6 +8,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -244,3 +245,62 @@ def test_a_failed_metrics_request_is_logged_not_printed(
         driver.stop(grace=0)
     assert [r.levelno for r in caplog.records if r.name == "ballast.metrics"][-1] == level
     assert "Traceback" not in capsys.readouterr().err
+
+
+def _backend_errors(driver: Driver) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {
+        key: value
+        for key, value in _samples(_get(driver, "/metrics")[1]).items()
+        if key[0] == "ballast_backend_operation_errors_total"
+    }
+
+
+@pytest.mark.parametrize(
+    ("call", "code"),
+    [
+        pytest.param(
+            lambda c: c.controller.DeleteVolume(csi_pb2.DeleteVolumeRequest(volume_id="lv-gone")),
+            None,
+            id="idempotent-delete-volume",
+        ),
+        pytest.param(
+            lambda c: c.controller.DeleteSnapshot(csi_pb2.DeleteSnapshotRequest(snapshot_id="snap-gone")),
+            None,
+            id="idempotent-delete-snapshot",
+        ),
+        pytest.param(
+            lambda c: c.controller.ControllerUnpublishVolume(
+                csi_pb2.ControllerUnpublishVolumeRequest(volume_id="lv-gone", node_id=FAKE_NODE)
+            ),
+            None,
+            id="idempotent-detach",
+        ),
+        pytest.param(
+            lambda c: c.controller.ControllerUnpublishVolume(
+                csi_pb2.ControllerUnpublishVolumeRequest(volume_id="lv-gone")
+            ),
+            None,
+            id="idempotent-detach-from-all-nodes",
+        ),
+        pytest.param(
+            lambda c: c.controller.ControllerPublishVolume(
+                csi_pb2.ControllerPublishVolumeRequest(
+                    volume_id="lv-gone", node_id=FAKE_NODE, volume_capability=CAP
+                )
+            ),
+            grpc.StatusCode.NOT_FOUND,
+            id="publish-of-unknown-is-not-found-but-no-backend-error",
+        ),
+    ],
+)
+def test_not_found_is_an_answer_not_a_backend_error(
+    running: tuple[Driver, FakeBackend, CsiClient], call: Any, code: grpc.StatusCode | None
+) -> None:
+    driver, _, client = running
+    if code is None:
+        call(client)
+    else:
+        with pytest.raises(grpc.RpcError) as raised:
+            call(client)
+        assert raised.value.code() == code
+    assert _backend_errors(driver) == {}
