@@ -3,14 +3,15 @@
 `run(config)` serves until SIGTERM/SIGINT, which stop accepting calls, let in-flight calls finish (up to the
 grace period, after which gRPC cancels them), wait for their handlers to return, remove the socket, close
 the backend (releasing the data dir) and return 0. A handler still running SETTLE_SECONDS after the grace
-ends the process instead (exit 1): no call may outlive "stopped" while a second driver takes over the
-backend. The command line is csi/cli.py's.
+ends the process instead (exit 1), and the programs it runs: no call may outlive "stopped" while a second
+driver takes over the backend. The command line is csi/cli.py's.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
+import glob
 import logging
 import os
 import signal
@@ -231,6 +232,16 @@ def _returned(pool: futures.ThreadPoolExecutor, timeout: float) -> bool:
     return not waiter.is_alive()
 
 
+def _kill_children() -> None:
+    """SIGKILL the programs this process runs (an mkfs of a stuck call), as the end of a pod would: they
+    must not outlive the process and overlap the next driver on the same data dir."""
+    for listing in glob.glob("/proc/self/task/*/children"):
+        with contextlib.suppress(OSError), open(listing) as fh:
+            for pid in fh.read().split():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(pid), signal.SIGKILL)
+
+
 def _settle_collector() -> None:
     """Move what start-up built, which lives as long as the process, out of the cyclic collector's
     generations, and turn collection back on if the entry point (csi/__main__.py) held it off."""
@@ -263,6 +274,7 @@ def run(config: Config) -> int:
     if not driver.stop(GRACE_SECONDS, SETTLE_SECONDS):
         log.error("exiting without waiting for them: the process's end releases the data dir")
         logging.shutdown()
+        _kill_children()
         os._exit(1)  # a normal exit would join the handler threads, that is wait for them after all
     log.info("stopped")
     return 0

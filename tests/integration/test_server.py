@@ -252,20 +252,29 @@ def test_stop_waits_for_handlers_past_the_grace_before_releasing_the_backend(
 
 
 HUNG_DRIVER = """
-import sys
+import subprocess, sys
 from csi import server
 from csi.config import parse_args
 from tests.integration.test_server import _Hung
+
+class Formatting(_Hung):
+    def probe(self):
+        child = subprocess.Popen(["sleep", "60"])  # the program a stuck call waits for, an mkfs say
+        open("%(pid)s", "w").write(str(child.pid))
+        return super().probe()
+
 server.GRACE_SECONDS, server.SETTLE_SECONDS = 0.2, 0.5
-server.build_backend = lambda config: _Hung()
-sys.exit(server.run(parse_args(["--endpoint", "unix://%s", "--node-id", "n"])[0]))
+server.build_backend = lambda config: Formatting()
+sys.exit(server.run(parse_args(["--endpoint", "unix://%(sock)s", "--node-id", "n"])[0]))
 """
 
 
 def test_a_handler_stuck_past_the_grace_ends_the_process(tmp_path: Path) -> None:
-    """Exit 1 at once rather than a normal exit, which would wait for the stuck handler's thread."""
-    sock = tmp_path / "s.sock"
-    proc = subprocess.Popen([sys.executable, "-c", HUNG_DRIVER % sock], stderr=subprocess.PIPE, text=True)
+    """Exit 1 at once rather than a normal exit, which would wait for the stuck handler's thread; the
+    program that handler runs is ended too."""
+    sock, pid_file = tmp_path / "s.sock", tmp_path / "child.pid"
+    script = HUNG_DRIVER % {"sock": sock, "pid": pid_file}
+    proc = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 20
         while not sock.exists() and proc.poll() is None and time.monotonic() < deadline:
@@ -280,3 +289,19 @@ def test_a_handler_stuck_past_the_grace_ends_the_process(tmp_path: Path) -> None
     assert proc.returncode == 1, err
     assert "calls still running" in err and "the process's end releases the data dir" in err
     assert "stopped" not in err.splitlines()[-1]
+    child = int(pid_file.read_text())
+    for _ in range(100):
+        if _ended(child):
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(child, signal.SIGKILL)
+        raise AssertionError("the stuck call's program outlived the driver")
+
+
+def _ended(pid: int) -> bool:
+    """Gone, or a zombie waiting for init to reap it."""
+    try:
+        return "State:\tZ" in Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return True
