@@ -465,8 +465,16 @@ def test_probe(tmp_path: Path, returncode: int, stdout: str, fs_type: str, pt_ty
     assert runner.calls == [("blkid", "-p", "-o", "export", "/dev/x")]
 
 
-def test_probe_ambivalent_is_an_error_not_blank(tmp_path: Path) -> None:
-    runner = FakeRunner().on("blkid", returncode=8, stderr="ambivalent result")
+@pytest.mark.parametrize(
+    "returncode",
+    [
+        pytest.param(4, id="usage-or-other-error"),  # blkid(8): only 2 means "nothing found"
+        pytest.param(8, id="ambivalent"),
+    ],
+)
+def test_probe_failure_is_an_error_not_blank(tmp_path: Path, returncode: int) -> None:
+    """Read as blank, a device blkid could not probe would be formatted next: its data lost."""
+    runner = FakeRunner().on("blkid", returncode=returncode, stderr="blkid: error")
     with pytest.raises(MountError, match="refusing to format"):
         fake_mounter(tmp_path, runner).probe("/dev/x")
 
@@ -476,6 +484,8 @@ def test_probe_ambivalent_is_an_error_not_blank(tmp_path: Path) -> None:
     [
         pytest.param(0, True, id="clean"),
         pytest.param(1, True, id="corrected"),
+        pytest.param(2, True, id="corrected-reboot-advised"),  # the filesystem is fixed: stage goes on
+        pytest.param(3, True, id="corrected-both"),
         pytest.param(4, False, id="uncorrected"),
         pytest.param(8, False, id="operational-error"),
     ],
@@ -529,6 +539,39 @@ def test_bind_readonly_program_fallback_remounts(tmp_path: Path) -> None:
     runner = FakeRunner()
     fake_mounter(tmp_path, runner).bind("/a", "/b", ["ro", "nodev"])
     assert runner.calls == [("mount", "--bind", "/a", "/b"), ("mount", "-o", "remount,bind,ro,nodev", "/b")]
+
+
+class RefusingRemount:
+    """libc mount(2) that binds, then refuses the bind remount that sets the flags; records umount2."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str | None, str]] = []
+
+    def mount(self, source: str | None, target: str, fs_type: str | None, flags: int, data: str) -> None:
+        self.calls.append(("mount", source, target))
+        if source is None:  # the MS_REMOUNT
+            raise OSError(errno.EPERM, os.strerror(errno.EPERM), target)
+
+    def umount2(self, target: str, flags: int) -> None:
+        self.calls.append(("umount2", None, target))
+
+
+@pytest.mark.parametrize("syscalls", [pytest.param(True, id="libc"), pytest.param(False, id="programs")])
+def test_a_bind_whose_read_only_remount_fails_is_undone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, syscalls: bool
+) -> None:
+    """The bind first, then the remount that makes it read-only (mount programs; libc on a kernel
+    before 5.12): a failed remount must not leave a WRITABLE bind of the volume at the target."""
+    runner = FakeRunner().on("mount", "-o", returncode=32, stderr="mount: /b: permission denied.")
+    m = fake_mounter(tmp_path, runner, MOUNTINFO + "93 22 7:0 / /b rw,relatime - ext4 /dev/loop0 rw\n")
+    libc = RefusingRemount()
+    if syscalls:
+        m._libc = libc  # type: ignore[assignment]
+        monkeypatch.setattr(mountapi, "bind", lambda *args: False)  # open_tree and co. unavailable
+    with pytest.raises(MountError):
+        m.bind("/a", "/b", ["ro"])
+    undone = ("umount2", None, "/b") in libc.calls if syscalls else ("umount", "/b") in runner.calls
+    assert undone, (libc.calls, runner.calls)
 
 
 @pytest.mark.parametrize(
