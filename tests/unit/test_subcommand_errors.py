@@ -74,3 +74,26 @@ def test_clear_health_on_an_unusable_state_database_is_one_line_with_the_advice(
     assert err.startswith(f"ballast-csi: state database {tmp_path / 'state.db'} is unusable (")
     assert f"ballast-csi recover-state --data-dir {tmp_path}" in err
     assert (tmp_path / "state.db").read_bytes() == content, "the database is left as it was"
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        pytest.param('{"token": 1}', id="a-value-not-a-string"),  # protobuf would raise TypeError on it
+        pytest.param('["token"]', id="not-an-object"),
+        pytest.param("token=abc", id="not-json"),
+        pytest.param(None, id="missing"),
+    ],
+)
+def test_snapshot_diff_with_an_unusable_secrets_file_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str | None
+) -> None:
+    """Exit 2, as for any bad flag, before anything is sent; 1 would say a stream failed."""
+    secrets = tmp_path / "secrets.json"
+    if content is not None:
+        secrets.write_text(content)
+    argv = ["snapshot-diff", "s-1", "s-2", "--endpoint", f"unix://{tmp_path}/none.sock"]
+    assert main([*argv, "--secrets-file", str(secrets)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith("ballast-csi: --secrets-file: "), err
