@@ -81,15 +81,7 @@ def test_health_calls_are_answered_while_volume_calls_hold_every_worker(
     stuck: tuple[Stuck, CsiClient], method: str, request_: Any
 ) -> None:
     backend, client = stuck
-    finished: queue.Queue[Any] = queue.Queue()
-    calls = [_create(client, i) for i in range(ADMITTED + 1)]
-    for call in calls:
-        call.add_done_callback(finished.put)
-    for _ in range(WORKERS):
-        assert backend.started.acquire(timeout=30), "the running creates started"
-    refused = finished.get(timeout=30)
-    assert refused.code() == grpc.StatusCode.UNAVAILABLE, refused.details()
-    assert "busy" in refused.details()
+    calls, refused, finished = _fill_the_backlog(backend, client)
     stub = client.identity if method in ("Probe", "GetPluginInfo") else client.controller
     if method == "NodeGetInfo":
         stub = client.node
@@ -99,6 +91,51 @@ def test_health_calls_are_answered_while_volume_calls_hold_every_worker(
     backend.go.set()
     waited = [c for c in calls if c is not refused]
     assert all(c.result(timeout=30).volume.volume_id for c in waited), "every admitted call completes"
+
+
+def _fill_the_backlog(backend: Stuck, client: CsiClient) -> tuple[list[Any], Any, queue.Queue[Any]]:
+    """Creates holding every worker and every place in the backlog, and the one more refused busy;
+    `finished` gets each call as it completes."""
+    finished: queue.Queue[Any] = queue.Queue()
+    calls = [_create(client, i) for i in range(ADMITTED + 1)]
+    for call in calls:
+        call.add_done_callback(finished.put)
+    for _ in range(WORKERS):
+        assert backend.started.acquire(timeout=30), "the running creates started"
+    refused = finished.get(timeout=30)
+    assert refused.code() == grpc.StatusCode.UNAVAILABLE, refused.details()
+    assert "busy" in refused.details()
+    return calls, refused, finished
+
+
+@pytest.mark.parametrize(
+    ("method", "request_"),
+    [
+        pytest.param(
+            "GetMetadataDelta",
+            csi_pb2.GetMetadataDeltaRequest(base_snapshot_id="s-1", target_snapshot_id="s-2"),
+            id="metadata-delta",
+        ),
+        pytest.param(
+            "GetMetadataAllocated",
+            csi_pb2.GetMetadataAllocatedRequest(snapshot_id="s-1"),
+            id="metadata-allocated",
+        ),
+    ],
+)
+def test_a_snapshot_metadata_stream_beyond_the_backlog_is_unavailable(
+    stuck: tuple[Stuck, CsiClient], method: str, request_: Any
+) -> None:
+    """A metadata scan holds its thread as long as a volume call does: streams count against
+    --workers too, or a burst of them would take every thread and starve Probe."""
+    backend, client = stuck
+    calls, refused, _ = _fill_the_backlog(backend, client)
+    with pytest.raises(grpc.RpcError) as raised:
+        list(getattr(client.snapshot_metadata, method)(request_, timeout=10))
+    details = raised.value.details() or ""
+    assert raised.value.code() == grpc.StatusCode.UNAVAILABLE and "busy" in details, details
+    backend.go.set()
+    assert all(c.result(timeout=30).volume.volume_id for c in calls if c is not refused)
 
 
 def _hold_every_worker(backend: Stuck, client: CsiClient) -> list[Any]:
