@@ -153,6 +153,25 @@ def test_stage_with_the_other_access_type_is_refused(
     assert len(_loops(vol)) == 1
 
 
+@pytest.mark.parametrize("access", ["mount", "block"])
+def test_stage_at_a_second_path_is_refused(node_env: NodeEnv, access: str) -> None:
+    """A volume is staged at one path per node: staged again elsewhere -> FAILED_PRECONDITION, and the
+    first staging keeps its device and stays publishable."""
+    vol = node_env.volume(16 * MiB)
+    cap = {"mount": mount_cap(), "block": block_cap()}[access]
+    node_env.stage(vol, cap)
+    second = vol.staging + "-2"
+    assert_code(
+        node_env.client.node.NodeStageVolume,
+        _stage_request(vol, cap, second),
+        Code.FAILED_PRECONDITION,
+        contains="one path per node",
+    )
+    assert not _mounted(second)
+    assert len(_loops(vol)) == 1
+    node_env.publish(vol, cap)
+
+
 @pytest.mark.parametrize(
     "published", [pytest.param(True, id="raw-published"), pytest.param(False, id="staged-only")]
 )
