@@ -53,6 +53,41 @@ def test_a_repeated_publish_gives_the_same_answer_whatever_the_staging_flags(
     node_env.publish(vol, mount_cap("ext4", publish_flags))  # spec: idempotent -> OK
 
 
+@pytest.mark.parametrize("flag", ["nodev", "nosuid", "noexec", "noatime", "nodiratime"])
+@pytest.mark.parametrize(
+    "first_with_flag",
+    [
+        pytest.param(True, id="published-with-then-without"),
+        pytest.param(False, id="published-without-then-with"),
+    ],
+)
+def test_a_republish_with_other_per_mount_flags_is_already_exists(
+    node_env: NodeEnv, flag: str, first_with_flag: bool
+) -> None:
+    """CSI NodePublishVolume: published at target_path "but is incompatible with the specified
+    volume_capability or readonly flag" -> ALREADY_EXISTS; the per-mount flags are compared like ro,
+    and the mount at the target is left as it was."""
+    vol = node_env.volume(16 * MiB)
+    node_env.stage(vol, mount_cap())
+    with_flag, without = mount_cap("ext4", (flag,)), mount_cap()
+    first, then = (with_flag, without) if first_with_flag else (without, with_flag)
+    node_env.publish(vol, first)
+    request = csi_pb2.NodePublishVolumeRequest(
+        volume_id=vol.id,
+        staging_target_path=vol.staging,
+        target_path=vol.target,
+        volume_capability=then,
+        publish_context=vol.publish_context,
+    )
+    assert_code(
+        node_env.client.node.NodePublishVolume,
+        request,
+        grpc.StatusCode.ALREADY_EXISTS,
+        contains="other options",
+    )
+    assert (flag in _options(vol.target)) == first_with_flag
+
+
 def test_a_read_write_publish_of_a_read_only_staging_is_refused_every_time(node_env: NodeEnv) -> None:
     vol = _formatted(node_env)
     node_env.stage(vol, mount_cap("ext4", ("ro",)))
