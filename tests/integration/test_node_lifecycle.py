@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import stat
 import struct
 import subprocess
@@ -343,6 +344,23 @@ def test_stage_grows_a_filesystem_smaller_than_its_device(node_env: NodeEnv, fs_
     assert grown > 48 * MiB, f"stage grew the filesystem by only {grown} bytes"
 
 
+@pytest.mark.parametrize("fs_type", ["ext4", "ext2"])
+def test_a_stage_that_grows_an_ext_filesystem_checks_it_fully_first(node_env: NodeEnv, fs_type: str) -> None:
+    """resize2fs offline demands a full check first (e2fsck -f), which e2fsck -p skips on a clean
+    filesystem. A full check resets the superblock's mount count: after it and one mount it says 1,
+    after `e2fsck -p` and that mount 2."""
+    _need(fs_type)
+    vol = node_env.volume(64 * MiB)
+    cap = mount_cap(fs_type)
+    node_env.stage(vol, cap)
+    node_env.unstage(vol)
+    node_env.driver.backend.expand_volume(vol.id, 128 * MiB)
+    node_env.stage(vol, cap)
+    node_env.unstage(vol)  # the superblock on the file, as the kernel left it
+    said = subprocess.run([require_tool("dumpe2fs"), "-h", vol.file], capture_output=True, text=True).stdout
+    assert re.search(r"^Mount count:\s+1$", said, re.MULTILINE), said
+
+
 def test_a_repeated_xfs_stage_finishes_the_grow_a_first_one_did_not(node_env: NodeEnv) -> None:
     """xfs grows only once mounted: a stage cut short between its mount and its grow (killed, or
     xfs_growfs failed) is finished by the CO's retry, which finds the filesystem mounted."""
@@ -441,6 +459,80 @@ def test_node_expand_needs_a_device_holding_required_bytes(
     else:
         message = assert_code(node_env.client.node.NodeExpandVolume, request, code)
         assert f"holds {32 * MiB} bytes, less than the requested {32 * MiB + 1}" in message
+
+
+@pytest.mark.parametrize("rpc", ["stats", "expand"])
+def test_a_mount_path_of_another_volume_is_not_found(node_env: NodeEnv, rpc: str) -> None:
+    """Spec: "Volume does not exist on specified volume_path" -> NOT_FOUND; never the usage of the
+    other volume, nor a grow of its filesystem."""
+    mine, other = node_env.volume(), node_env.volume()
+    cap = mount_cap()
+    for vol in (mine, other):
+        node_env.stage(vol, cap)
+        node_env.publish(vol, cap)
+    node, gone = node_env.client.node, grpc.StatusCode.NOT_FOUND
+    if rpc == "stats":
+        stats = csi_pb2.NodeGetVolumeStatsRequest(volume_id=mine.id, volume_path=other.target)
+        message = assert_code(node.NodeGetVolumeStats, stats, gone)
+    else:
+        expand = csi_pb2.NodeExpandVolumeRequest(
+            volume_id=mine.id, volume_path=other.target, volume_capability=cap
+        )
+        message = assert_code(node.NodeExpandVolume, expand, gone)
+    assert f"is not a mount of volume {mine.id}" in message
+
+
+@pytest.mark.parametrize(("fs_type", "size"), [p for p in FS_SIZES if p.id != "ext2"])
+def test_a_filesystem_staged_read_only_is_not_grown(node_env: NodeEnv, fs_type: str, size: int) -> None:
+    """NodeExpandVolume of a read-only staging: FAILED_PRECONDITION before any grow is tried (xfs_growfs
+    or resize2fs on it would fail, INTERNAL or with their own words)."""
+    _need(fs_type)
+    reader = mount_cap(fs_type, mode=AccessMode.MULTI_NODE_READER_ONLY)
+    vol = node_env.volume(size)
+    node_env.stage(vol, mount_cap(fs_type))  # formatted: a read-only stage never formats
+    node_env.unstage(vol)
+    node_env.stage(vol, reader)
+    node_env.publish(vol, reader, readonly=True)
+    before = os.statvfs(vol.target).f_blocks
+    node_env.driver.backend.expand_volume(vol.id, size + 64 * MiB)
+    request = csi_pb2.NodeExpandVolumeRequest(
+        volume_id=vol.id, volume_path=vol.target, staging_target_path=vol.staging, volume_capability=reader
+    )
+    assert_code(
+        node_env.client.node.NodeExpandVolume,
+        request,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        contains="is mounted read-only; the filesystem cannot grow",
+    )
+    assert os.statvfs(vol.target).f_blocks == before
+
+
+@pytest.mark.parametrize(
+    ("content", "kept"),
+    [
+        pytest.param(b"", False, id="empty-file-removed"),  # the target a block publish creates
+        pytest.param(b"not the driver's", True, id="non-empty-file-kept"),
+    ],
+)
+def test_unpublish_removes_only_an_empty_file_target(node_env: NodeEnv, content: bytes, kept: bool) -> None:
+    """Nothing mounted at a regular-file target: only an empty one is the driver's to remove; removing
+    one with data would lose it."""
+    vol = node_env.volume()
+    target = node_env.kubelet / "pods" / "p-file" / "volumeDevices" / "dev"
+    target.parent.mkdir(parents=True)
+    target.write_bytes(content)
+    request = csi_pb2.NodeUnpublishVolumeRequest(volume_id=vol.id, target_path=str(target))
+    if kept:
+        assert_code(
+            node_env.client.node.NodeUnpublishVolume,
+            request,
+            grpc.StatusCode.FAILED_PRECONDITION,
+            contains="left in place",
+        )
+        assert target.read_bytes() == content
+    else:
+        node_env.client.node.NodeUnpublishVolume(request, timeout=30)
+        assert not target.exists()
 
 
 def test_unpublish_and_unstage_of_never_mounted_paths_are_ok(node_env: NodeEnv) -> None:
