@@ -122,7 +122,8 @@ ANY_TEXT = st.one_of(st.just(""), WORD, ODD_TEXT)
 GCE_ZONES = ["us-central1-a", "us-central1-b", "us-east1-c", "europe-west4-a"]
 AWS_ZONES = ["us-west-2a", "us-west-2b", "us-east-1c", "us-gov-east-1a", "us-west-2-lax-1a",
              "us-east-1-wl1-bos-wlz-1", "eu-central-1a"]  # fmt: skip
-OTHER_ZONES = ["nova", "zone-1", "1", "0", "us-west-2", "us-west-2ab", " ", "", "a-b-c-d-e-f", "us-west-é"]
+OTHER_ZONES = ["nova", "zone-1", "1", "0", "us-west-2", "us-west-2ab", " ", "", "a-b-c-d-e-f", "us-west-é",
+               "us-east-1-wl1-bos-wlz", "us-central1-a-b", "1a"]  # fmt: skip
 ZONE = st.one_of(st.sampled_from(GCE_ZONES + AWS_ZONES + OTHER_ZONES), WORD)
 REGION = st.sampled_from(["us-central1", "us-west-2", "us-east1", "eastus", "region-x"])
 ZONE_LABEL_VALUE = st.one_of(
