@@ -88,6 +88,34 @@ def test_concurrent_publishes_to_one_node_never_pass_its_attach_limit(
     assert len(on_instance(ec2, instance)) == attached + winners
 
 
+@pytest.mark.parametrize(
+    ("limit", "second"),
+    [
+        pytest.param(2, "ok", id="limit-2-the-attach-in-flight-takes-one-slot-not-two"),
+        pytest.param(1, "LimitExceededError", id="limit-1-it-takes-the-only-slot"),
+    ],
+)
+def test_an_attach_in_flight_that_ec2_already_reports_is_counted_once(
+    make_backend: Callable[..., AwsBackend], instance: str, limit: int, second: str
+) -> None:
+    """The first attach has reached EC2, which already lists it on the instance, and is still waiting
+    for `attached` (its slot still held here) when a second publish to the node arrives: counted twice,
+    the second would get RESOURCE_EXHAUSTED one slot early."""
+    backend = make_backend(max_volumes=limit)
+    first, other = volume(backend, "pvc-first"), volume(backend, "pvc-second")
+    events = backend.ec2.client.meta.events
+    outcomes: list[str] = []
+
+    def meanwhile(**kwargs: Any) -> None:
+        events.unregister("after-call.ec2.AttachVolume", meanwhile)  # the first AttachVolume only
+        with ThreadPoolExecutor(1) as pool:
+            outcomes.append(pool.submit(outcome, lambda: backend.attach(other, instance, False)).result())
+
+    events.register("after-call.ec2.AttachVolume", meanwhile)
+    backend.attach(first, instance, False)
+    assert outcomes == [second]
+
+
 # ---------------------------------------------------------------- DetachVolume answers
 
 

@@ -9,6 +9,7 @@ import pytest
 
 from csi.backends.aws import AwsBackend
 from csi.backends.aws.metadata import SHARED_NITRO_LIMIT
+from csi.backends.aws.params import TAG_READONLY_PREFIX
 from csi.backends.base import DiskOptions, GiB
 from csi.failures import (
     AlreadyExistsError,
@@ -348,3 +349,29 @@ def test_republish_with_the_other_readonly_flag_already_exists(backend: AwsBacke
     backend.detach(vid, instance)
     assert backend.attach(vid, instance, False) == {"devicePath": "/dev/xvdba"}
     assert [a.readonly for a in backend.get_volume(vid).attachments] == [False]
+
+
+def readonly_marks(ec2: Any, vid: str) -> list[str]:
+    tags = ec2.describe_volumes(VolumeIds=[vid])["Volumes"][0].get("Tags", [])
+    return [t["Key"] for t in tags if t["Key"].startswith(TAG_READONLY_PREFIX)]
+
+
+def test_an_unpublish_takes_the_readonly_mark_with_it(backend: AwsBackend, ec2: Any, instance: str) -> None:
+    vid = volume(backend, "pvc-ro-gone")
+    backend.attach(vid, instance, True)
+    assert readonly_marks(ec2, vid) == [TAG_READONLY_PREFIX + instance]
+    backend.detach(vid, instance)
+    assert readonly_marks(ec2, vid) == []
+
+
+def test_a_stale_readonly_mark_is_cleared_by_a_read_write_publish(
+    backend: AwsBackend, ec2: Any, instance: str
+) -> None:
+    """A mark left behind (an unpublish that died between DetachVolume and DeleteTags) must not make the
+    next read-write publish read-only, nor its retry by the CO ALREADY_EXISTS."""
+    vid = volume(backend, "pvc-stale-ro")
+    ec2.create_tags(Resources=[vid], Tags=[{"Key": TAG_READONLY_PREFIX + instance, "Value": "true"}])
+    backend.attach(vid, instance, False)
+    assert readonly_marks(ec2, vid) == []
+    assert [a.readonly for a in backend.get_volume(vid).attachments] == [False]
+    assert backend.attach(vid, instance, False) == {"devicePath": "/dev/xvdba"}
