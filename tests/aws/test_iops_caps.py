@@ -117,6 +117,18 @@ def test_a_resize_keeps_the_iops_ratio_only_when_the_class_asked(
     assert len(modifications) == 1
 
 
+def test_a_resize_never_lowers_iops_the_volume_has_since_been_given(backend: AwsBackend, ec2: Any) -> None:
+    """iopsPerGB 50 wants 1000 IOPS at 20 GiB; a volume raised to 5000 since (ControllerModifyVolume)
+    keeps them: the grow's ModifyVolume carries no Iops."""
+    parameters = {"type": "io2", "iopsPerGB": "50", "allowAutoIOPSIncreaseOnModify": "true"}
+    volume_id = create(backend, 10, parameters)
+    backend.modify_volume(volume_id, {"iops": "5000"})
+    modifications = record_calls(backend.ec2.client, "ModifyVolume")
+    backend.expand_volume(volume_id, 20 * GiB)
+    assert [m.get("Iops") for m in modifications] == [None]
+    assert ec2.describe_volumes(VolumeIds=[volume_id])["Volumes"][0]["Iops"] == 5000
+
+
 def test_an_explicit_iops_in_the_same_modification_wins_over_the_ratio(
     make_backend: Callable[..., AwsBackend], ec2: Any
 ) -> None:

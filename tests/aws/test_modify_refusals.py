@@ -57,6 +57,7 @@ def modify(vid: str, parameters: dict[str, str]) -> csi_pb2.ControllerModifyVolu
     ("settings", "refused_by_ec2", "says"),
     [
         pytest.param({"throughput": "5000"}, "", "125..2000", id="gp3-throughput-above-2000"),
+        pytest.param({"throughput": "124"}, "", "125..2000", id="gp3-throughput-below-125"),
         pytest.param({"iops": "2000"}, "", "3000..5000", id="gp3-iops-below-3000"),
         pytest.param({"iops": "64000"}, "", "3000..5000", id="gp3-iops-past-500-per-gib"),
         pytest.param({"iops": "100"}, "", "3000..5000", id="gp3-iops-100"),

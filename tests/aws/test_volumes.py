@@ -14,6 +14,7 @@ from csi.backends.aws.volumes import client_token
 from csi.backends.base import ContentSource, DiskOptions, GiB, SourceKind
 from csi.failures import (
     AlreadyExistsError,
+    DriverError,
     InvalidParameterError,
     NotFoundError,
     OutOfCapacityError,
@@ -363,6 +364,37 @@ def test_expand_answers_the_new_size_while_ec2_still_describes_the_old(backend: 
     )
     assert backend.expand_volume(disk.id, 5 * GiB) == 5 * GiB
     assert ec2_volume(ec2, disk.id)["Size"] == 5
+
+
+FAILED = {"ModificationState": "failed", "OriginalSize": 2, "TargetSize": 3}  # EC2's record, size unchanged
+
+
+@pytest.mark.parametrize(
+    ("latest", "error"),
+    [
+        pytest.param([[{**FAILED, "StatusMessage": "an old one"}]], None, id="an-old-failure-blocks-nothing"),
+        pytest.param(
+            [[], [{**FAILED, "StatusMessage": "no capacity"}]],
+            "no capacity",
+            id="our-own-failure-is-an-error",
+        ),
+    ],
+)
+def test_a_failed_modification_fails_only_the_expand_that_asked_for_it(
+    backend: AwsBackend, latest: list[list[dict[str, Any]]], error: str | None
+) -> None:
+    """EC2 describes the latest modification of a volume, a failed one too. One that failed before
+    must not fail every later expand; our own failing is an error with EC2's reason (INTERNAL), never
+    the new size reported as done. `latest`: DescribeVolumesModifications' answers before and after our
+    ModifyVolume (moto answers the rest)."""
+    disk = backend.create_volume("pvc-fail", opts(backend, 2))
+    answers = [{"VolumesModifications": [{**m, "VolumeId": disk.id} for m in mods]} for mods in latest]
+    inject_responses(backend.ec2.client, "DescribeVolumesModifications", answers)
+    if error is None:
+        assert backend.expand_volume(disk.id, 5 * GiB) == 5 * GiB
+    else:
+        with pytest.raises(DriverError, match=f"failed to modify volume {disk.id}: {error}"):
+            backend.expand_volume(disk.id, 5 * GiB)
 
 
 def test_expand_missing_volume_is_not_found(backend: AwsBackend) -> None:
