@@ -111,6 +111,30 @@ def test_waits_for_a_device_that_appears_late(tree: FakeTree) -> None:
     assert len(naps) == 2
 
 
+def never_sleep(seconds: float) -> None:
+    raise AssertionError("find(wait=False) slept")
+
+
+@pytest.mark.parametrize(
+    ("present", "found"),
+    [
+        pytest.param(True, "/dev/nvme1n1", id="present-is-found"),
+        pytest.param(False, None, id="missing-is-not-found-at-once"),
+    ],
+)
+def test_a_lookup_that_must_not_wait_looks_once(tree: FakeTree, present: bool, found: str | None) -> None:
+    """find(wait=False) (prepared_device: NodeUnstage, NodeGetVolumeStats, health) answers from what is
+    there now, never holding the call for the attach timeout."""
+    if present:
+        tree.nvme("nvme1n1", VOL)
+    lookup = DeviceFinder(root=str(tree.root), timeout=60, udev_lookup=lambda s: None, sleep=never_sleep)
+    if found is None:
+        with pytest.raises(NotFoundError):
+            lookup.find(VOL, {}, wait=False)
+    else:
+        assert lookup.find(VOL, {}, wait=False) == found
+
+
 def test_device_names_skip_used_and_reserved() -> None:
     names = DeviceNames()
     first = names.reserve("i-1", ["/dev/sda1", "/dev/xvda"])

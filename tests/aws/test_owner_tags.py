@@ -72,6 +72,28 @@ def test_snapshots_and_scratch_snapshots_carry_them(
     assert {t["Key"]: t["Value"] for t in made["TagSpecifications"][0]["Tags"]}["team"] == "storage"
 
 
+@pytest.mark.parametrize("kind", ["volume", "snapshot"])
+def test_extra_tags_win_over_the_cluster_tags_as_in_the_ebs_driver(
+    make_backend: Callable[..., AwsBackend], ec2: Any, kind: str
+) -> None:
+    """The EBS driver's CreateVolume and CreateSnapshot write the --k8s-tag-cluster-id tags first and
+    --extra-tags over them: an operator's own Name or KubernetesCluster is what EC2 gets."""
+    backend = make_backend(owner_tags=OwnerTags({"Name": "billing", "KubernetesCluster": "legacy"}, "prod-1"))
+    made = backend.create_volume(
+        "pvc-3", DiskOptions(size_bytes=GiB, parameters=backend.validate_parameters({}))
+    )
+    if kind == "volume":
+        tags = _tags(ec2.describe_volumes(VolumeIds=[made.id])["Volumes"][0])
+    else:
+        snap = backend.create_snapshot("snapcontent-3", made.id, {})
+        tags = _tags(ec2.describe_snapshots(SnapshotIds=[snap.id])["Snapshots"][0])
+    assert (tags["Name"], tags["KubernetesCluster"], tags["kubernetes.io/cluster/prod-1"]) == (
+        "billing",
+        "legacy",
+        "owned",
+    )
+
+
 def test_a_retried_create_is_not_held_to_tags_added_since(make_backend: Callable[..., AwsBackend]) -> None:
     options = DiskOptions(size_bytes=GiB, parameters={"type": "gp3"})
     first = make_backend().create_volume("pvc-9", options)

@@ -98,6 +98,7 @@ def test_what_go_would_refuse_or_this_subset_lacks_is_refused_naming_the_paramet
     ("value", "message"),
     [
         pytest.param('{{ .PVCNamespace | field "-" 3 }}', "has 3 piece", id="field-past-the-last"),
+        pytest.param('{{ .PVCNamespace | field "-" -1 }}', "has 3 piece", id="field-negative-not-the-last"),
         pytest.param("{{ .PVCName | substring 3 1 }}", "out of range", id="substring-reversed"),
         pytest.param('{{ "é" | substring 0 1 }}', "cuts a character", id="substring-inside-a-character"),
     ],

@@ -274,16 +274,25 @@ def test_restore_from_snapshot(backend: AwsBackend, ec2: Any) -> None:
     assert again.id == restored.id
 
 
-def test_only_restores_from_snapshots_send_the_initialization_rate(backend: AwsBackend) -> None:
-    """EC2 takes VolumeInitializationRate for a volume made from a snapshot and refuses it otherwise, so
-    one class serves empty claims, restores and clones (the latter through a scratch snapshot here)."""
+@pytest.mark.parametrize(
+    ("parameters", "rates"),
+    [
+        pytest.param({"volumeInitializationRate": "250"}, [None, 250, 250], id="rated-class"),
+        pytest.param({}, [None, None, None], id="class-without-a-rate-sends-none"),
+    ],
+)
+def test_only_restores_from_snapshots_send_the_initialization_rate(
+    backend: AwsBackend, parameters: dict[str, str], rates: list[int | None]
+) -> None:
+    """EC2 takes VolumeInitializationRate (100..300 MiB/s) for a volume made from a snapshot and refuses
+    it otherwise, so one class serves empty claims, restores and clones (the latter through a scratch
+    snapshot here); a class without one sends none, and the restore reads at EC2's default rate."""
     sent = record_calls(backend.ec2.client, "CreateVolume")
-    rated = {"volumeInitializationRate": "250"}
-    source = backend.create_volume("pvc-src", opts(backend, parameters=rated))
+    source = backend.create_volume("pvc-src", opts(backend, parameters=parameters))
     snap = backend.create_snapshot("snap-src", source.id, {})
     for name, kind, sid in (("pvc-r", SourceKind.SNAPSHOT, snap.id), ("pvc-c", SourceKind.VOLUME, source.id)):
-        backend.create_volume(name, opts(backend, parameters=rated, source=ContentSource(kind, sid)))
-    assert [call.get("VolumeInitializationRate") for call in sent] == [None, 250, 250]
+        backend.create_volume(name, opts(backend, parameters=parameters, source=ContentSource(kind, sid)))
+    assert [call.get("VolumeInitializationRate") for call in sent] == rates
     assert [bool(call.get("SnapshotId")) for call in sent] == [False, True, True]
 
 
