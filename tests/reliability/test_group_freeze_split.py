@@ -76,20 +76,27 @@ def _controller(base: Path, data: Path, failpoint: str = "") -> Driver:
 def split(root_tools: None) -> Iterator[Split]:
     require_tool("debugfs")
     base = Path(tempfile.mkdtemp(prefix="ballast-split-"))
-    os.chmod(base, 0o755)  # nobody must reach its own directories inside
-    for mine in ("data", "controller"):
-        (base / mine).mkdir(mode=0o700)
-        os.chown(base / mine, NOBODY, NOBODY)
-    controller = _controller(base, base / "data")
-    node = start_driver(base / "node", "--mode", "node", data_dir=base / "data")
-    s = Split(base, base / "data", controller, node, connect(controller.endpoint), connect(node.endpoint))
-    try:
-        yield s
+    started: list[Driver] = []
+    split: Split | None = None
+    try:  # a driver that fails to start still has its directory and the other driver cleaned up
+        os.chmod(base, 0o755)  # nobody must reach its own directories inside
+        for mine in ("data", "controller"):
+            (base / mine).mkdir(mode=0o700)
+            os.chown(base / mine, NOBODY, NOBODY)
+        started.append(_controller(base, base / "data"))
+        started.append(start_driver(base / "node", "--mode", "node", data_dir=base / "data"))
+        controller, node = started
+        split = Split(
+            base, base / "data", controller, node, connect(controller.endpoint), connect(node.endpoint)
+        )
+        yield split
     finally:
-        s.c.close()
-        s.n.close()
-        kill_group(s.node)
-        kill_group(s.controller)
+        if split is not None:  # the drivers a test restarted replace the first ones
+            split.c.close()
+            split.n.close()
+            started = [split.node, split.controller]
+        for driver in started:
+            kill_group(driver)
         mounts, loops = leftovers(base, base / "data")
         force_clean(base, base / "data")
         shutil.rmtree(base, ignore_errors=True)
